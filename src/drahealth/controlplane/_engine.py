@@ -1,0 +1,523 @@
+"""Object operations with Kubernetes semantics, independent of HTTP.
+
+Owns get/list/create/update/patch/apply/delete/evict on top of the ``Store``:
+preconditions (resourceVersion, uid), name generation, namespace existence,
+finalizers and ``deletionTimestamp``, status-subresource isolation (via
+``_strategy``), validation (via ``_validate``), field ownership (via ``_apply``),
+no-op detection (an update that changes nothing keeps the resourceVersion) and the
+PodDisruptionBudget status kept in step with pods. Every failure is an ``APIError``
+carrying the ``Status`` the real server would answer.
+
+Simplifications: ``gracePeriodSeconds`` is treated as 0 (a pod without finalizers is
+removed at once); ``propagationPolicy`` is accepted and ignored (there is no garbage
+collector); deleting a namespace deletes its objects immediately (objects with
+finalizers get ``deletionTimestamp`` and stay until their finalizers are removed).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _apply, _status
+from ._eviction import check_eviction, pdb_status
+from ._patch import PatchError, json_patch, merge_patch, strategic_merge
+from ._resources import PRIMITIVE_MERGE_LISTS, RESOURCES, ResourceType, lookup
+from ._selectors import FieldSelector, LabelSelector
+from ._status import APIError, cause
+from ._store import Store
+from ._strategy import now_rfc3339, prepare_create, prepare_update
+from ._validate import object_causes
+
+JSON = dict[str, Any]
+
+
+def _must(group: str, version: str, plural: str) -> ResourceType:
+    rt = lookup(group, version, plural)
+    if rt is None:  # pragma: no cover - registry constant
+        raise LookupError(plural)
+    return rt
+
+
+NAMESPACES = _must("", "v1", "namespaces")
+PODS = _must("", "v1", "pods")
+PDBS = _must("policy", "v1", "poddisruptionbudgets")
+
+PROTECTED_NAMESPACES = frozenset({"default", "kube-system", "kube-public"})
+_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+
+MERGE = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+STRATEGIC = "application/strategic-merge-patch+json"
+APPLY = "application/apply-patch+yaml"
+PATCH_TYPES = (JSON_PATCH, MERGE, APPLY, STRATEGIC)
+
+
+@dataclass
+class WriteOptions:
+    """Per-request write options (query parameters and the caller's identity)."""
+
+    manager: str = "unknown"
+    dry_run: bool = False
+    field_validation: str = "Strict"
+    force: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+
+def _meta(obj: JSON) -> JSON:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+def _sets(path: tuple[str, ...]) -> bool:
+    return path in PRIMITIVE_MERGE_LISTS
+
+
+class Engine:
+    """The object operations; one per API server, sharing its ``Store``."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # ------------------------------------------------------------------ reads
+
+    def get(self, rt: ResourceType, ns: str | None, name: str) -> JSON:
+        obj = self.store.get(rt.key, ns or "", name)
+        if obj is None:
+            raise _status.not_found(rt.plural, rt.group, name)
+        return obj
+
+    def select(
+        self, rt: ResourceType, ns: str | None, labels: LabelSelector, fields: FieldSelector
+    ) -> list[JSON]:
+        return [
+            o
+            for o in self.store.objects(rt.key, ns)
+            if labels.matches(_meta(o).get("labels")) and fields.matches(o)
+        ]
+
+    # ------------------------------------------------------------------ helpers
+
+    def _require_namespace(self, rt: ResourceType, ns: str | None) -> None:
+        if rt.namespaced and self.store.get(NAMESPACES.key, "", ns or "") is None:
+            raise _status.not_found("namespaces", "", ns or "")
+
+    def _check_type(self, rt: ResourceType, body: JSON, name: str) -> None:
+        causes = []
+        av, kind = body.get("apiVersion"), body.get("kind")
+        if av not in (None, "", rt.api_version):
+            causes.append(
+                cause(
+                    "FieldValueInvalid",
+                    f'Invalid value: "{av}": must be {rt.api_version}',
+                    "apiVersion",
+                )
+            )
+        if kind not in (None, "", rt.kind):
+            causes.append(
+                cause("FieldValueInvalid", f'Invalid value: "{kind}": must be {rt.kind}', "kind")
+            )
+        if causes:
+            raise _status.invalid(rt.kind, rt.group, name, causes)
+
+    def _check_namespace(self, rt: ResourceType, body: JSON, ns: str | None, name: str) -> None:
+        meta = body.setdefault("metadata", {})
+        if not isinstance(meta, dict):
+            raise _status.invalid(
+                rt.kind,
+                rt.group,
+                name,
+                [cause("FieldValueTypeInvalid", "must be an object", "metadata")],
+            )
+        if not rt.namespaced:
+            return
+        given = meta.get("namespace")
+        if given not in (None, "") and given != ns:
+            raise _status.invalid(
+                rt.kind,
+                rt.group,
+                name,
+                [
+                    cause(
+                        "FieldValueInvalid",
+                        f'Invalid value: "{given}": does not match the namespace sent on the '
+                        f'request ("{ns}")',
+                        "metadata.namespace",
+                    )
+                ],
+            )
+        meta["namespace"] = ns
+
+    def _validate(self, rt: ResourceType, obj: JSON, opts: WriteOptions) -> None:
+        causes = object_causes(rt, obj)
+        if opts.field_validation in ("Ignore", "Warn"):
+            unknown = [c for c in causes if c["message"].startswith("unknown field")]
+            if opts.field_validation == "Warn":
+                opts.warnings.extend(c["message"] for c in unknown)
+            causes = [c for c in causes if c not in unknown]
+        if causes:
+            raise _status.invalid(rt.kind, rt.group, _meta(obj).get("name", ""), causes)
+
+    def _track(
+        self,
+        rt: ResourceType,
+        old: JSON | None,
+        new: JSON,
+        sub: str | None,
+        opts: WriteOptions,
+        now: str,
+    ) -> JSON:
+        return _apply.track_update(
+            old,
+            new,
+            opts.manager,
+            api_version=rt.api_version,
+            subresource=sub,
+            has_status=rt.has_status,
+            keys=rt.merge_key,
+            sets=_sets,
+            now=now,
+        )
+
+    # ------------------------------------------------------------------ create
+
+    def create(
+        self,
+        rt: ResourceType,
+        ns: str | None,
+        body: JSON,
+        opts: WriteOptions,
+        *,
+        tracked: bool = False,
+    ) -> JSON:
+        body = copy.deepcopy(body)
+        self._check_type(rt, body, str(_meta(body).get("name", "")))
+        self._check_namespace(rt, body, ns, str(_meta(body).get("name", "")))
+        meta = body["metadata"]
+        self._require_namespace(rt, ns)
+        if not meta.get("name"):
+            prefix = meta.get("generateName")
+            if not prefix or not isinstance(prefix, str):
+                raise _status.invalid(
+                    rt.kind,
+                    rt.group,
+                    "",
+                    [
+                        cause(
+                            "FieldValueRequired",
+                            "Required value: name or generateName is required",
+                            "metadata.name",
+                        )
+                    ],
+                )
+            while True:
+                meta["name"] = prefix + "".join(random.choices(_NAME_ALPHABET, k=5))
+                if self.store.get(rt.key, ns or "", meta["name"]) is None:
+                    break
+        name = meta["name"]
+        if not isinstance(name, str):
+            raise _status.invalid(
+                rt.kind,
+                rt.group,
+                "",
+                [cause("FieldValueTypeInvalid", "must be a string", "metadata.name")],
+            )
+        if self.store.get(rt.key, ns or "", name) is not None:
+            raise _status.already_exists(rt.plural, rt.group, name)
+        now = now_rfc3339()
+        obj = prepare_create(rt, body, now)
+        if not tracked:
+            obj = self._track(rt, None, obj, None, opts, now)
+        self._validate(rt, obj, opts)
+        if opts.dry_run:
+            return obj
+        obj = self.store.create(rt.key, obj)
+        self._after_write(rt, ns)
+        return obj
+
+    # ------------------------------------------------------------------ update / patch
+
+    def update(
+        self,
+        rt: ResourceType,
+        ns: str | None,
+        name: str,
+        body: JSON,
+        sub: str | None,
+        opts: WriteOptions,
+    ) -> JSON:
+        body = copy.deepcopy(body)
+        self._check_type(rt, body, name)
+        self._check_namespace(rt, body, ns, name)
+        given = body["metadata"].get("name")
+        if given != name:
+            raise _status.bad_request(
+                f"the name of the object ({given}) does not match the name on the URL ({name})"
+            )
+        old = self.get(rt, ns, name)
+        return self._commit(rt, old, body, sub, opts)
+
+    def patch(
+        self,
+        rt: ResourceType,
+        ns: str | None,
+        name: str,
+        ptype: str,
+        body: Any,
+        sub: str | None,
+        opts: WriteOptions,
+    ) -> tuple[JSON, bool]:
+        """Apply a patch; returns the object and whether it was created (apply only)."""
+        if ptype == APPLY:
+            return self._apply(rt, ns, name, body, sub, opts)
+        old = self.get(rt, ns, name)
+        try:
+            if ptype == MERGE:
+                if not isinstance(body, dict):
+                    raise PatchError("a merge patch must be a JSON object")
+                candidate = merge_patch(old, body)
+            elif ptype == JSON_PATCH:
+                candidate = json_patch(old, body)
+            else:
+                if not isinstance(body, dict):
+                    raise PatchError("a strategic merge patch must be a JSON object")
+                candidate = strategic_merge(old, body, rt.merge_key, _sets)
+        except PatchError as e:
+            raise APIError(_status.status(422, str(e))) from e
+        if not isinstance(candidate, dict):
+            raise APIError(_status.status(422, "the patched object is not a JSON object"))
+        self._check_type(rt, candidate, name)
+        cmeta = _meta(candidate)
+        if cmeta.get("name") != name or (rt.namespaced and cmeta.get("namespace") != ns):
+            raise _status.bad_request("the patch must not change metadata.name or namespace")
+        return self._commit(rt, old, candidate, sub, opts), False
+
+    def _apply(
+        self,
+        rt: ResourceType,
+        ns: str | None,
+        name: str,
+        body: Any,
+        sub: str | None,
+        opts: WriteOptions,
+    ) -> tuple[JSON, bool]:
+        if not opts.manager:
+            raise _status.bad_request(
+                'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: '
+                "is required for apply patch"
+            )
+        if not isinstance(body, dict):
+            raise _status.bad_request("an apply patch must be a YAML or JSON object")
+        if not body.get("apiVersion") or not body.get("kind"):
+            missing = "apiVersion" if not body.get("apiVersion") else "kind"
+            raise _status.bad_request(
+                f"invalid object type: {missing} must be set in an apply configuration"
+            )
+        body = copy.deepcopy(body)
+        self._check_type(rt, body, name)
+        self._check_namespace(rt, body, ns, name)
+        meta = body["metadata"]
+        if meta.get("name") not in (None, name):
+            raise _status.bad_request(
+                f"the name of the object ({meta.get('name')}) does not match the name on "
+                f"the URL ({name})"
+            )
+        meta["name"] = name
+        now = now_rfc3339()
+        old = self.store.get(rt.key, ns or "", name)
+        try:
+            candidate = _apply.apply(
+                old or {},
+                body,
+                opts.manager,
+                force=opts.force,
+                api_version=rt.api_version,
+                subresource=sub,
+                has_status=rt.has_status,
+                keys=rt.merge_key,
+                sets=_sets,
+                now=now,
+            )
+        except _apply.ApplyConflict as e:
+            causes = [
+                cause(
+                    "FieldManagerConflict",
+                    f'conflict with "{c.manager}" using {c.api_version}',
+                    _apply.pretty(c.path),
+                )
+                for c in e.conflicts
+            ]
+            raise APIError(
+                _status.status(
+                    409,
+                    str(e),
+                    "Conflict",
+                    name=name,
+                    group=rt.group,
+                    kind=rt.plural,
+                    causes=causes,
+                )
+            ) from e
+        except PatchError as e:
+            raise APIError(_status.status(422, str(e))) from e
+        if old is None:
+            if sub is not None:
+                raise _status.not_found(rt.plural, rt.group, name)
+            return self.create(rt, ns, candidate, opts, tracked=True), True
+        return self._commit(rt, old, candidate, sub, opts, tracked=True), False
+
+    def _commit(
+        self,
+        rt: ResourceType,
+        old: JSON,
+        candidate: JSON,
+        sub: str | None,
+        opts: WriteOptions,
+        *,
+        tracked: bool = False,
+    ) -> JSON:
+        name = str(_meta(old).get("name"))
+        want_rv = _meta(candidate).get("resourceVersion")
+        have_rv = _meta(old).get("resourceVersion")
+        if want_rv not in (None, "") and str(want_rv) != have_rv:
+            raise _status.conflict(
+                rt.plural,
+                rt.group,
+                name,
+                "the object has been modified; please apply your changes to the latest "
+                "version and try again",
+            )
+        now = now_rfc3339()
+        new = prepare_update(rt, old, candidate, sub, now)
+        if not tracked:
+            new = self._track(rt, old, new, sub, opts, now)
+        new["metadata"]["resourceVersion"] = have_rv
+        self._validate(rt, new, opts)
+        meta = new["metadata"]
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            if opts.dry_run:
+                return new
+            gone = self.store.delete(rt.key, new)
+            self._after_write(rt, meta.get("namespace"))
+            return gone
+        if new == old or opts.dry_run:
+            return new
+        new = self.store.update(rt.key, new)
+        self._after_write(rt, meta.get("namespace"))
+        return new
+
+    # ------------------------------------------------------------------ delete
+
+    def delete(
+        self, rt: ResourceType, ns: str | None, name: str, options: JSON, opts: WriteOptions
+    ) -> JSON:
+        old = self.get(rt, ns, name)
+        pre = options.get("preconditions") or {}
+        meta = _meta(old)
+        if pre.get("uid") and pre["uid"] != meta.get("uid"):
+            raise _status.conflict(
+                rt.plural,
+                rt.group,
+                name,
+                f"Precondition failed: UID in precondition: {pre['uid']}, UID in object meta: "
+                f"{meta.get('uid')}",
+            )
+        if pre.get("resourceVersion") and str(pre["resourceVersion"]) != meta.get(
+            "resourceVersion"
+        ):
+            raise _status.conflict(
+                rt.plural,
+                rt.group,
+                name,
+                f"Precondition failed: ResourceVersion in precondition: "
+                f"{pre['resourceVersion']}, ResourceVersion in object meta: "
+                f"{meta.get('resourceVersion')}",
+            )
+        if rt is NAMESPACES and name in PROTECTED_NAMESPACES:
+            raise APIError(
+                _status.status(
+                    403,
+                    f'namespaces "{name}" is forbidden: this namespace may not be deleted',
+                    "Forbidden",
+                    name=name,
+                    kind="namespaces",
+                )
+            )
+        if opts.dry_run:
+            return old
+        return self._delete(rt, old)
+
+    def _delete(self, rt: ResourceType, old: JSON) -> JSON:
+        meta = _meta(old)
+        ns = meta.get("namespace")
+        if meta.get("finalizers"):
+            if meta.get("deletionTimestamp"):
+                return old
+            new = copy.deepcopy(old)
+            new["metadata"]["deletionTimestamp"] = now_rfc3339()
+            new["metadata"]["deletionGracePeriodSeconds"] = 0
+            if rt is NAMESPACES:
+                new.setdefault("status", {})["phase"] = "Terminating"
+            new = self.store.update(rt.key, new)
+            self._after_write(rt, ns)
+            return new
+        if rt is NAMESPACES:
+            for other in RESOURCES:
+                if other.namespaced:
+                    for obj in self.store.objects(other.key, str(meta.get("name"))):
+                        self._delete(other, obj)
+        gone = self.store.delete(rt.key, old)
+        self._after_write(rt, ns)
+        return gone
+
+    def delete_collection(
+        self,
+        rt: ResourceType,
+        ns: str | None,
+        labels: LabelSelector,
+        fields: FieldSelector,
+        opts: WriteOptions,
+    ) -> list[JSON]:
+        out = []
+        for obj in self.select(rt, ns, labels, fields):
+            if rt is NAMESPACES and _meta(obj).get("name") in PROTECTED_NAMESPACES:
+                continue
+            out.append(obj if opts.dry_run else self._delete(rt, obj))
+        return out
+
+    # ------------------------------------------------------------------ eviction
+
+    def evict(self, ns: str, name: str, body: Any, opts: WriteOptions) -> None:
+        if (
+            not isinstance(body, dict)
+            or body.get("kind") != "Eviction"
+            or body.get("apiVersion") not in ("policy/v1", "policy/v1beta1")
+        ):
+            raise _status.bad_request("the body must be a policy/v1 Eviction")
+        given = _meta(body).get("name")
+        if given not in (None, "", name):
+            raise _status.bad_request("name in URL does not match name in Eviction object")
+        pod = self.get(PODS, ns, name)
+        check_eviction(pod, self.store.objects(PDBS.key, ns))
+        options = body.get("deleteOptions") or {}
+        if not isinstance(options, dict):
+            raise _status.bad_request("deleteOptions must be an object")
+        dry = opts.dry_run or "All" in (options.get("dryRun") or [])
+        self.delete(PODS, ns, name, options, WriteOptions(opts.manager, dry_run=dry))
+
+    # ------------------------------------------------------------------ side effects
+
+    def _after_write(self, rt: ResourceType, ns: str | None) -> None:
+        if rt is PODS or rt is PDBS:
+            self.reconcile_pdbs(ns or "")
+
+    def reconcile_pdbs(self, ns: str) -> None:
+        """Bring every PDB status in ``ns`` in line with the pods there."""
+        pods = self.store.objects(PODS.key, ns)
+        now = now_rfc3339()
+        for pdb in self.store.objects(PDBS.key, ns):
+            new_status = pdb_status(pdb, pods, pdb.get("status"), now)
+            if new_status != pdb.get("status") and not _meta(pdb).get("deletionTimestamp"):
+                self.store.update(PDBS.key, {**pdb, "status": new_status})

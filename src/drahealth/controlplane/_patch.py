@@ -1,0 +1,269 @@
+"""Patch algorithms: JSON merge patch, JSON patch and strategic merge patch.
+
+Pure functions over JSON-like values (dicts, lists, scalars); inputs are never
+mutated. Strategic merge needs to know which lists merge by key: callers pass a
+``KeyFn`` mapping a field path (list indices left out, e.g.
+``("status", "containerStatuses", "allocatedResourcesStatus")``) to the merge key,
+and a ``SetFn`` saying which primitive lists merge as sets (``metadata.finalizers``).
+Supported directives: ``$patch: replace|delete`` (on maps and list items),
+``$deleteFromPrimitiveList/<field>``; ``$setElementOrder/<field>`` and ``$retainKeys``
+are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from typing import Any
+
+Path = tuple[str, ...]
+KeyFn = Callable[[Path], "str | None"]
+SetFn = Callable[[Path], bool]
+
+
+class PatchError(ValueError):
+    """A patch could not be applied (the server answers 422)."""
+
+
+def _no_keys(_: Path) -> str | None:
+    return None
+
+
+def _no_sets(_: Path) -> bool:
+    return False
+
+
+# --------------------------------------------------------------------------- RFC 7386
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """Apply an RFC 7386 JSON merge patch; returns a new value."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+# --------------------------------------------------------------------------- RFC 6902
+
+
+def _pointer(ptr: str) -> list[str]:
+    if ptr == "":
+        return []
+    if not ptr.startswith("/"):
+        raise PatchError(f"invalid JSON pointer {ptr!r}")
+    return [p.replace("~1", "/").replace("~0", "~") for p in ptr[1:].split("/")]
+
+
+def _index(container: list[Any], token: str, *, for_add: bool) -> int:
+    if token == "-" and for_add:
+        return len(container)
+    if not token.isdigit() or (len(token) > 1 and token.startswith("0")):
+        raise PatchError(f"invalid array index {token!r}")
+    idx = int(token)
+    limit = len(container) if for_add else len(container) - 1
+    if idx > limit:
+        raise PatchError(f"array index {idx} out of range")
+    return idx
+
+
+def _parent(doc: Any, tokens: list[str]) -> Any:
+    cur = doc
+    for tok in tokens[:-1]:
+        if isinstance(cur, dict):
+            if tok not in cur:
+                raise PatchError(f"path element {tok!r} not found")
+            cur = cur[tok]
+        elif isinstance(cur, list):
+            cur = cur[_index(cur, tok, for_add=False)]
+        else:
+            raise PatchError(f"cannot descend into a scalar at {tok!r}")
+    return cur
+
+
+def _get(doc: Any, tokens: list[str]) -> Any:
+    if not tokens:
+        return doc
+    parent = _parent(doc, tokens)
+    last = tokens[-1]
+    if isinstance(parent, dict):
+        if last not in parent:
+            raise PatchError(f"path element {last!r} not found")
+        return parent[last]
+    if isinstance(parent, list):
+        return parent[_index(parent, last, for_add=False)]
+    raise PatchError(f"cannot read {last!r} from a scalar")
+
+
+def _remove(doc: Any, tokens: list[str]) -> Any:
+    if not tokens:
+        raise PatchError("cannot remove the whole document")
+    parent = _parent(doc, tokens)
+    last = tokens[-1]
+    if isinstance(parent, dict):
+        if last not in parent:
+            raise PatchError(f"path element {last!r} not found")
+        return parent.pop(last)
+    if isinstance(parent, list):
+        return parent.pop(_index(parent, last, for_add=False))
+    raise PatchError(f"cannot remove {last!r} from a scalar")
+
+
+def _add(doc: Any, tokens: list[str], value: Any, *, replace: bool = False) -> Any:
+    if not tokens:
+        return value
+    parent = _parent(doc, tokens)
+    last = tokens[-1]
+    if isinstance(parent, dict):
+        if replace and last not in parent:
+            raise PatchError(f"path element {last!r} not found")
+        parent[last] = value
+    elif isinstance(parent, list):
+        if replace:
+            parent[_index(parent, last, for_add=False)] = value
+        else:
+            parent.insert(_index(parent, last, for_add=True), value)
+    else:
+        raise PatchError(f"cannot add {last!r} to a scalar")
+    return doc
+
+
+def json_patch(target: Any, ops: Any) -> Any:
+    """Apply an RFC 6902 JSON patch (add, remove, replace, move, copy, test)."""
+    if not isinstance(ops, list):
+        raise PatchError("a JSON patch must be a list of operations")
+    doc = copy.deepcopy(target)
+    for op in ops:
+        if not isinstance(op, dict) or "op" not in op or "path" not in op:
+            raise PatchError(f"invalid JSON patch operation {op!r}")
+        kind, path = op["op"], _pointer(str(op["path"]))
+        if kind in ("add", "replace", "test") and "value" not in op:
+            raise PatchError(f"operation {kind!r} needs a value")
+        if kind == "add":
+            doc = _add(doc, path, copy.deepcopy(op["value"]))
+        elif kind == "remove":
+            _remove(doc, path)
+        elif kind == "replace":
+            doc = _add(doc, path, copy.deepcopy(op["value"]), replace=True)
+        elif kind in ("move", "copy"):
+            if "from" not in op:
+                raise PatchError(f"operation {kind!r} needs 'from'")
+            src = _pointer(str(op["from"]))
+            value = _remove(doc, src) if kind == "move" else copy.deepcopy(_get(doc, src))
+            doc = _add(doc, path, value)
+        elif kind == "test":
+            if _get(doc, path) != op["value"]:
+                raise PatchError(f"test operation failed at {op['path']!r}")
+        else:
+            raise PatchError(f"unknown JSON patch operation {kind!r}")
+    return doc
+
+
+# --------------------------------------------------------------------------- strategic merge
+
+_DIRECTIVE = "$patch"
+_DELETE_PRIMITIVE = "$deleteFromPrimitiveList/"
+_IGNORED_PREFIXES = ("$setElementOrder/", "$retainKeys")
+
+
+def _is_list_directive(v: Any) -> bool:
+    return isinstance(v, dict) and len(v) == 1 and v.get(_DIRECTIVE) in ("delete", "replace")
+
+
+def strip_directives(value: Any) -> Any:
+    """A copy of ``value`` without ``$``-directives and without null map entries."""
+    if isinstance(value, dict):
+        return {
+            k: strip_directives(v)
+            for k, v in value.items()
+            if not k.startswith("$") and v is not None
+        }
+    if isinstance(value, list):
+        return [strip_directives(v) for v in value if not _is_list_directive(v)]
+    return copy.deepcopy(value)
+
+
+def strategic_merge(
+    original: Any,
+    patch: Any,
+    keys: KeyFn = _no_keys,
+    sets: SetFn = _no_sets,
+    path: Path = (),
+) -> Any:
+    """Apply a strategic merge patch; returns a new value (``original`` is not mutated)."""
+    if not isinstance(patch, dict):
+        return strip_directives(patch)
+    directive = patch.get(_DIRECTIVE)
+    if directive == "replace":
+        return strip_directives({k: v for k, v in patch.items() if k != _DIRECTIVE})
+    if directive not in (None, "merge"):
+        raise PatchError(f"unknown patch directive {directive!r} at {'.'.join(path) or '<root>'}")
+    out: dict[str, Any] = copy.deepcopy(original) if isinstance(original, dict) else {}
+    for key, value in patch.items():
+        if key == _DIRECTIVE or key.startswith(_IGNORED_PREFIXES):
+            continue
+        if key.startswith(_DELETE_PRIMITIVE):
+            field = key[len(_DELETE_PRIMITIVE) :]
+            drop = value if isinstance(value, list) else [value]
+            if isinstance(out.get(field), list):
+                out[field] = [v for v in out[field] if v not in drop]
+            continue
+        sub = (*path, key)
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict):
+            if value.get(_DIRECTIVE) == "delete":
+                out.pop(key, None)
+            else:
+                out[key] = strategic_merge(out.get(key), value, keys, sets, sub)
+        elif isinstance(value, list):
+            out[key] = _merge_list(out.get(key), value, keys, sets, sub)
+        else:
+            out[key] = value
+    return out
+
+
+def _merge_list(original: Any, patch: list[Any], keys: KeyFn, sets: SetFn, path: Path) -> list[Any]:
+    orig = original if isinstance(original, list) else []
+    if any(_is_list_directive(v) and v[_DIRECTIVE] == "replace" for v in patch):
+        return [strip_directives(v) for v in patch if not _is_list_directive(v)]
+    if sets(path):
+        merged = copy.deepcopy(orig)
+        for v in patch:
+            if v not in merged:
+                merged.append(copy.deepcopy(v))
+        return merged
+    key = keys(path)
+    if key is None or not all(isinstance(v, dict) for v in patch):
+        return strip_directives(patch)  # type: ignore[no-any-return]
+    out = copy.deepcopy(orig)
+    for item in patch:
+        if key not in item:
+            raise PatchError(f"map in list {'.'.join(path)} is missing the merge key {key!r}")
+        idx = next(
+            (i for i, o in enumerate(out) if isinstance(o, dict) and o.get(key) == item[key]),
+            None,
+        )
+        if item.get(_DIRECTIVE) == "delete":
+            if idx is not None:
+                out.pop(idx)
+            continue
+        body = {k: v for k, v in item.items() if k != _DIRECTIVE}
+        if idx is None:
+            out.append(strip_directives(body))
+        elif item.get(_DIRECTIVE) == "replace":
+            out[idx] = strip_directives(body)
+        else:
+            out[idx] = strategic_merge(out[idx], body, keys, sets, path)
+    return out
+
+
+def canonical(value: Any) -> str:
+    """A stable JSON text used to compare and key values."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))

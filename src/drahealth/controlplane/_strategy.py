@@ -1,0 +1,152 @@
+"""Per-kind create/update preparation (the real server's "REST strategies").
+
+Owns what the server sets or keeps on every write: ``uid``, ``creationTimestamp``,
+``generation`` (for kinds with a ``spec``: 1 on create, +1 whenever anything
+outside ``metadata``/``status`` changes), status reset on create,
+status-subresource isolation on update, and defaulting of ``timeAdded`` on
+DeviceTaintRule and ResourceSlice device taints.
+Pure functions over JSON dicts; inputs are not mutated.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import uuid
+from typing import Any
+
+from ._resources import ResourceType
+
+JSON = dict[str, Any]
+
+_IMMUTABLE_META = (
+    "uid",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "generation",
+    "name",
+    "namespace",
+)
+
+
+def now_rfc3339() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def spec_part(obj: JSON) -> JSON:
+    """Everything that counts as "spec" for ``metadata.generation``."""
+    return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
+
+
+def _tracks_generation(rt: ResourceType) -> bool:
+    """Kinds with a ``spec`` carry ``metadata.generation`` (ConfigMaps and Events do not)."""
+    return "spec" in rt.model.__struct_fields__
+
+
+def _status_on_create(rt: ResourceType, obj: JSON) -> None:
+    if rt.kind == "Pod" and rt.group == "":
+        obj["status"] = {"phase": "Pending"}
+    elif rt.kind == "Namespace":
+        obj["status"] = {"phase": "Active"}
+    elif rt.kind == "Node":
+        return
+    elif rt.has_status:
+        obj.pop("status", None)
+
+
+def _fill_slice_taints(obj: JSON, old: JSON | None, now: str) -> None:
+    old_times: dict[tuple[str, str, str], str] = {}
+    for dev in ((old or {}).get("spec") or {}).get("devices") or []:
+        for t in dev.get("taints") or []:
+            if t.get("timeAdded"):
+                old_times[(dev.get("name", ""), t.get("key", ""), t.get("effect", ""))] = t[
+                    "timeAdded"
+                ]
+    for dev in (obj.get("spec") or {}).get("devices") or []:
+        if not isinstance(dev, dict):
+            continue
+        for t in dev.get("taints") or []:
+            if isinstance(t, dict) and not t.get("timeAdded"):
+                ident = (dev.get("name", ""), t.get("key", ""), t.get("effect", ""))
+                t["timeAdded"] = old_times.get(ident, now)
+
+
+def _fill_rule_taint(obj: JSON, old: JSON | None, now: str) -> None:
+    taint = (obj.get("spec") or {}).get("taint")
+    if not isinstance(taint, dict):
+        return
+    old_taint = ((old or {}).get("spec") or {}).get("taint") or {}
+    same_effect = old_taint.get("effect") == taint.get("effect")
+    if not taint.get("timeAdded"):
+        taint["timeAdded"] = old_taint.get("timeAdded") if same_effect and old_taint else now
+    elif old and not same_effect and taint.get("timeAdded") == old_taint.get("timeAdded"):
+        taint["timeAdded"] = now
+
+
+def _defaults(rt: ResourceType, obj: JSON, old: JSON | None, now: str) -> None:
+    if rt.group != "resource.k8s.io":
+        return
+    if rt.kind == "DeviceTaintRule":
+        _fill_rule_taint(obj, old, now)
+    elif rt.kind == "ResourceSlice":
+        _fill_slice_taints(obj, old, now)
+
+
+def prepare_create(rt: ResourceType, obj: JSON, now: str) -> JSON:
+    """The object as it will be stored on create (resourceVersion is stamped later)."""
+    out = copy.deepcopy(obj)
+    out["apiVersion"], out["kind"] = rt.api_version, rt.kind
+    meta = out.setdefault("metadata", {})
+    for k in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
+        meta.pop(k, None)
+    meta["uid"] = str(uuid.uuid4())
+    meta["creationTimestamp"] = now
+    if _tracks_generation(rt):
+        meta["generation"] = 1
+    else:
+        meta.pop("generation", None)
+    if not rt.namespaced:
+        meta.pop("namespace", None)
+    _status_on_create(rt, out)
+    _defaults(rt, out, None, now)
+    return out
+
+
+def prepare_update(
+    rt: ResourceType, old: JSON, new: JSON, subresource: str | None, now: str
+) -> JSON:
+    """The object as it will be stored on update, with status isolation applied.
+
+    Writes through the main endpoint keep the old ``status`` (for kinds with a status
+    subresource); writes through ``/status`` keep everything but ``status``.
+    """
+    if subresource == "status":
+        out = copy.deepcopy(old)
+        if "status" in new:
+            out["status"] = copy.deepcopy(new["status"])
+        else:
+            out.pop("status", None)
+        out["metadata"]["resourceVersion"] = (new.get("metadata") or {}).get("resourceVersion")
+        if "managedFields" in (new.get("metadata") or {}):
+            out["metadata"]["managedFields"] = new["metadata"]["managedFields"]
+        return out
+    out = copy.deepcopy(new)
+    out["apiVersion"], out["kind"] = rt.api_version, rt.kind
+    meta = out.setdefault("metadata", {})
+    old_meta = old.get("metadata") or {}
+    for k in _IMMUTABLE_META:
+        if k in old_meta:
+            meta[k] = old_meta[k]
+        else:
+            meta.pop(k, None)
+    meta.pop("selfLink", None)
+    if rt.has_status:
+        if "status" in old:
+            out["status"] = copy.deepcopy(old["status"])
+        else:
+            out.pop("status", None)
+    _defaults(rt, out, old, now)
+    if _tracks_generation(rt) and spec_part(out) != spec_part(old):
+        meta["generation"] = int(old_meta.get("generation") or 1) + 1
+    return out

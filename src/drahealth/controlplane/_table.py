@@ -1,0 +1,238 @@
+"""Server-side printing: ``meta.k8s.io/v1 Table`` responses for ``kubectl get``.
+
+Owns the columns shown per kind (NAME and AGE always; a few kind-specific columns
+where kubectl users expect them) and the ``Accept`` header test that asks for a
+Table. Pure functions.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+from ._resources import ResourceType
+
+JSON = dict[str, Any]
+Column = tuple[str, str, Callable[[JSON], Any], int]  # name, type, cell, priority
+
+
+def wants_table(accept: str) -> bool:
+    """True when the client prefers ``application/json;as=Table;g=meta.k8s.io``."""
+    first = accept.split(",")[0] if accept else ""
+    params = {p.strip() for p in first.split(";")[1:]}
+    return "as=Table" in params and "g=meta.k8s.io" in params
+
+
+def human_duration(seconds: float) -> str:
+    """Kubernetes ``duration.HumanDuration`` (``5s``, ``3m20s``, ``10m``, ``3h``, ``4d``)."""
+    s = int(seconds)
+    if s < 0:
+        return "0s"
+    if s < 120:
+        return f"{s}s"
+    m = s // 60
+    if m < 10:
+        return f"{m}m{s % 60}s" if s % 60 else f"{m}m"
+    if m < 180:
+        return f"{m}m"
+    h = m // 60
+    if h < 8:
+        return f"{h}h{m % 60}m" if m % 60 else f"{h}h"
+    if h < 48:
+        return f"{h}h"
+    d = h // 24
+    if h < 24 * 8:
+        return f"{d}d{h % 24}h" if h % 24 else f"{d}d"
+    if d < 365 * 2:
+        return f"{d}d"
+    y = d // 365
+    if d < 365 * 8:
+        return f"{y}y{d % 365}d" if d % 365 else f"{y}y"
+    return f"{y}y"
+
+
+def _age(obj: JSON) -> str:
+    ts = (obj.get("metadata") or {}).get("creationTimestamp")
+    if not ts:
+        return "<unknown>"
+    try:
+        then = dt.datetime.fromisoformat(str(ts))
+    except ValueError:
+        return "<unknown>"
+    return human_duration((dt.datetime.now(dt.UTC) - then).total_seconds())
+
+
+def _get(obj: JSON, *path: str, default: Any = "") -> Any:
+    cur: Any = obj
+    for p in path:
+        if not isinstance(cur, dict) or p not in cur:
+            return default
+        cur = cur[p]
+    return cur
+
+
+def _pod_ready(pod: JSON) -> str:
+    statuses = _get(pod, "status", "containerStatuses", default=[]) or []
+    total = len(_get(pod, "spec", "containers", default=[]) or [])
+    ready = sum(1 for c in statuses if c.get("ready"))
+    return f"{ready}/{total}"
+
+
+def _pod_status(pod: JSON) -> str:
+    if _get(pod, "metadata", "deletionTimestamp"):
+        return "Terminating"
+    return str(_get(pod, "status", "reason") or _get(pod, "status", "phase") or "Unknown")
+
+
+def _restarts(pod: JSON) -> int:
+    return sum(
+        int(c.get("restartCount", 0))
+        for c in _get(pod, "status", "containerStatuses", default=[]) or []
+    )
+
+
+def _node_status(node: JSON) -> str:
+    conds = _get(node, "status", "conditions", default=[]) or []
+    ready = next((c for c in conds if c.get("type") == "Ready"), None)
+    state = (
+        "Unknown" if ready is None else ("Ready" if ready.get("status") == "True" else "NotReady")
+    )
+    if _get(node, "spec", "unschedulable", default=False):
+        state += ",SchedulingDisabled"
+    return state
+
+
+def _claim_state(claim: JSON) -> str:
+    parts = []
+    if _get(claim, "metadata", "deletionTimestamp"):
+        parts.append("deleted")
+    if _get(claim, "status", "allocation"):
+        parts.append("allocated")
+    if _get(claim, "status", "reservedFor"):
+        parts.append("reserved")
+    return ",".join(parts) or "pending"
+
+
+def _int_or_na(value: Any) -> Any:
+    return "N/A" if value in ("", None) else value
+
+
+_NAME: Column = ("Name", "string", lambda o: _get(o, "metadata", "name"), 0)
+_AGE: Column = ("Age", "string", _age, 0)
+
+_COLUMNS: dict[tuple[str, str], list[Column]] = {
+    ("", "Pod"): [
+        _NAME,
+        ("Ready", "string", _pod_ready, 0),
+        ("Status", "string", _pod_status, 0),
+        ("Restarts", "integer", _restarts, 0),
+        _AGE,
+        ("IP", "string", lambda o: _get(o, "status", "podIP") or "<none>", 1),
+        ("Node", "string", lambda o: _get(o, "spec", "nodeName") or "<none>", 1),
+    ],
+    ("", "Node"): [
+        _NAME,
+        ("Status", "string", _node_status, 0),
+        _AGE,
+        ("Version", "string", lambda o: _get(o, "status", "nodeInfo", "kubeletVersion"), 0),
+    ],
+    ("", "Namespace"): [_NAME, ("Status", "string", lambda o: _get(o, "status", "phase"), 0), _AGE],
+    ("", "ConfigMap"): [
+        _NAME,
+        ("Data", "integer", lambda o: len(o.get("data") or {}) + len(o.get("binaryData") or {}), 0),
+        _AGE,
+    ],
+    ("", "Event"): [
+        ("Last Seen", "string", _age, 0),
+        ("Type", "string", lambda o: o.get("type", ""), 0),
+        ("Reason", "string", lambda o: o.get("reason", ""), 0),
+        (
+            "Object",
+            "string",
+            lambda o: (
+                f"{_get(o, 'involvedObject', 'kind').lower()}/{_get(o, 'involvedObject', 'name')}"
+            ),
+            0,
+        ),
+        ("Message", "string", lambda o: o.get("message", ""), 0),
+    ],
+    ("coordination.k8s.io", "Lease"): [
+        _NAME,
+        ("Holder", "string", lambda o: _get(o, "spec", "holderIdentity"), 0),
+        _AGE,
+    ],
+    ("policy", "PodDisruptionBudget"): [
+        _NAME,
+        ("Min Available", "string", lambda o: _int_or_na(_get(o, "spec", "minAvailable")), 0),
+        ("Max Unavailable", "string", lambda o: _int_or_na(_get(o, "spec", "maxUnavailable")), 0),
+        (
+            "Allowed Disruptions",
+            "integer",
+            lambda o: _get(o, "status", "disruptionsAllowed", default=0),
+            0,
+        ),
+        _AGE,
+    ],
+    ("resource.k8s.io", "ResourceSlice"): [
+        _NAME,
+        ("Node", "string", lambda o: _get(o, "spec", "nodeName") or "<none>", 0),
+        ("Driver", "string", lambda o: _get(o, "spec", "driver"), 0),
+        ("Pool", "string", lambda o: _get(o, "spec", "pool", "name"), 0),
+        _AGE,
+    ],
+    ("resource.k8s.io", "ResourceClaim"): [_NAME, ("State", "string", _claim_state, 0), _AGE],
+    ("resource.k8s.io", "DeviceTaintRule"): [
+        _NAME,
+        ("Key", "string", lambda o: _get(o, "spec", "taint", "key"), 1),
+        ("Effect", "string", lambda o: _get(o, "spec", "taint", "effect"), 1),
+        _AGE,
+    ],
+}
+
+
+def _columns(rt: ResourceType) -> list[Column]:
+    return _COLUMNS.get((rt.group, rt.kind), [_NAME, _AGE])
+
+
+def _partial(obj: JSON) -> JSON:
+    return {
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": obj.get("metadata") or {},
+    }
+
+
+def table(
+    rt: ResourceType,
+    objs: list[JSON],
+    rv: str | None,
+    include_object: str,
+    with_columns: bool = True,
+) -> JSON:
+    """A ``Table`` of ``objs``; ``include_object`` is None, Metadata (default) or Object."""
+    cols = _columns(rt)
+    rows = []
+    for obj in objs:
+        row: JSON = {"cells": [col[2](obj) for col in cols]}
+        if include_object == "Object":
+            row["object"] = obj
+        elif include_object != "None":
+            row["object"] = _partial(obj)
+        rows.append(row)
+    out: JSON = {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {}}
+    if rv is not None:
+        out["metadata"]["resourceVersion"] = rv
+    if with_columns:
+        out["columnDefinitions"] = [
+            {
+                "name": name,
+                "type": typ,
+                "format": "name" if name == "Name" else "",
+                "description": "",
+                "priority": prio,
+            }
+            for name, typ, _, prio in cols
+        ]
+    out["rows"] = rows
+    return out

@@ -1,0 +1,338 @@
+"""Validation of objects before they are stored.
+
+Owns the schema check (the object is walked against the lightkube model class of its
+kind via ``msgspec.inspect``: unknown fields, wrong types and missing required fields
+become ``StatusCause``s naming the field path), object-name and label rules, and the
+few cheap kind-specific checks the project relies on (resource health values,
+DeviceTaintRule effects, ResourceSlice limits, PDB budgets). Returns causes; never
+raises for invalid input.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import inspect
+import json
+import re
+from typing import Any
+
+import msgspec
+import msgspec.inspect as mi
+
+from ._resources import ResourceType
+from ._selectors import SelectorError, validate_label_key, validate_label_value
+from ._status import cause
+
+JSON = dict[str, Any]
+MAX_CAUSES = 20
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_SUBDOMAIN_MSG = (
+    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, "
+    "'-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', "
+    "regex used for validation is "
+    "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
+)
+_LABEL_MSG = (
+    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', "
+    "and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', "
+    "regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
+)
+_DNS_LABEL_KINDS = frozenset({"Namespace"})
+
+HEALTH_VALUES = ("Healthy", "Unhealthy", "Unknown")
+TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
+MAX_DEVICES_PER_SLICE = 128
+
+_TYPE_NAMES = {
+    mi.StrType: "string",
+    mi.IntType: "integer",
+    mi.FloatType: "number",
+    mi.BoolType: "boolean",
+    mi.DateTimeType: "string (RFC 3339 date-time)",
+    mi.ListType: "array",
+    mi.DictType: "object",
+    mi.StructType: "object",
+}
+
+_type_cache: dict[type, mi.Type] = {}
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, separators=(",", ":"))
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def invalid_value(field: str, value: Any, detail: str) -> JSON:
+    return cause("FieldValueInvalid", f"Invalid value: {_show(value)}: {detail}", field)
+
+
+def unsupported(field: str, value: Any, allowed: tuple[str, ...]) -> JSON:
+    supported = ", ".join(f'"{a}"' for a in allowed)
+    return cause(
+        "FieldValueNotSupported",
+        f"Unsupported value: {_show(value)}: supported values: {supported}",
+        field,
+    )
+
+
+def required(field: str) -> JSON:
+    return cause("FieldValueRequired", "Required value", field)
+
+
+# --------------------------------------------------------------------------- schema walk
+
+
+def _annotations(cls: type) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        for k, v in inspect.get_annotations(klass).items():
+            out[k] = v if isinstance(v, str) else repr(v)
+    return out
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _check(value: Any, t: mi.Type, path: str, quantity: bool, out: list[JSON]) -> None:
+    if len(out) >= MAX_CAUSES:
+        return
+    if isinstance(t, mi.UnionType):
+        if value is None and any(isinstance(x, mi.NoneType) for x in t.types):
+            return
+        options = [x for x in t.types if not isinstance(x, mi.NoneType)]
+        for x in options:
+            if _accepts(value, x, quantity):
+                _check(value, x, path, quantity, out)
+                return
+        names = " or ".join(dict.fromkeys(_TYPE_NAMES.get(type(x), "value") for x in options))
+        out.append(
+            cause(
+                "FieldValueTypeInvalid",
+                f"Invalid value: {_show(value)}: must be of type {names}",
+                path,
+            )
+        )
+        return
+    if not _accepts(value, t, quantity):
+        name = _TYPE_NAMES.get(type(t), "value")
+        out.append(
+            cause(
+                "FieldValueTypeInvalid",
+                f"Invalid value: {_show(value)}: must be of type {name}",
+                path,
+            )
+        )
+        return
+    if isinstance(t, mi.StructType):
+        fields = {f.encode_name: f for f in t.fields}
+        notes = _annotations(t.cls)
+        for key, sub in value.items():
+            f = fields.get(key)
+            if f is None:
+                where = _join(path, key)
+                out.append(cause("FieldValueInvalid", f'unknown field "{where}"', where))
+                continue
+            _check(sub, f.type, _join(path, key), "Quantity" in notes.get(f.name, ""), out)
+        for f in t.fields:
+            if f.required and f.encode_name not in value:
+                out.append(required(_join(path, f.encode_name)))
+    elif isinstance(t, mi.ListType):
+        for i, item in enumerate(value):
+            _check(item, t.item_type, f"{path}[{i}]", quantity, out)
+    elif isinstance(t, mi.DictType):
+        for k, item in value.items():
+            _check(item, t.value_type, f"{path}[{k}]", quantity, out)
+    elif isinstance(t, mi.DateTimeType):
+        try:
+            dt.datetime.fromisoformat(value)
+        except ValueError:
+            out.append(invalid_value(path, value, "must be an RFC 3339 date-time"))
+
+
+def _accepts(value: Any, t: mi.Type, quantity: bool) -> bool:
+    if isinstance(t, mi.StrType):
+        if quantity and isinstance(value, int | float) and not isinstance(value, bool):
+            return True
+        return isinstance(value, str)
+    if isinstance(t, mi.IntType):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(t, mi.FloatType):
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if isinstance(t, mi.BoolType):
+        return isinstance(value, bool)
+    if isinstance(t, mi.DateTimeType):
+        return isinstance(value, str)
+    if isinstance(t, mi.ListType):
+        return isinstance(value, list)
+    if isinstance(t, mi.DictType | mi.StructType):
+        return isinstance(value, dict)
+    if isinstance(t, mi.NoneType):
+        return value is None
+    return True
+
+
+def schema_causes(obj: JSON, model: type[msgspec.Struct]) -> list[JSON]:
+    """Causes for unknown fields, wrong types and missing required fields."""
+    t = _type_cache.get(model)
+    if t is None:
+        t = _type_cache[model] = mi.type_info(model)
+    out: list[JSON] = []
+    _check(obj, t, "", False, out)
+    return out
+
+
+# --------------------------------------------------------------------------- names, labels
+
+
+def name_causes(kind: str, name: str, field: str = "metadata.name") -> list[JSON]:
+    if kind in _DNS_LABEL_KINDS:
+        if len(name) > 63:
+            return [invalid_value(field, name, "must be no more than 63 characters")]
+        if not _DNS_LABEL.match(name):
+            return [invalid_value(field, name, _LABEL_MSG)]
+        return []
+    if len(name) > 253:
+        return [invalid_value(field, name, "must be no more than 253 characters")]
+    if not _DNS_SUBDOMAIN.match(name):
+        return [invalid_value(field, name, _SUBDOMAIN_MSG)]
+    return []
+
+
+def _label_causes(meta: JSON) -> list[JSON]:
+    out: list[JSON] = []
+    labels = meta.get("labels")
+    if isinstance(labels, dict):
+        for k, v in labels.items():
+            try:
+                validate_label_key(str(k))
+                if isinstance(v, str):
+                    validate_label_value(v)
+            except SelectorError as e:
+                out.append(invalid_value(f"metadata.labels[{k}]", v, str(e)))
+    annotations = meta.get("annotations")
+    if isinstance(annotations, dict):
+        for k in annotations:
+            try:
+                validate_label_key(str(k))
+            except SelectorError as e:
+                out.append(invalid_value("metadata.annotations", k, str(e)))
+    return out
+
+
+# --------------------------------------------------------------------------- kind rules
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _dict(value: Any) -> JSON:
+    return value if isinstance(value, dict) else {}
+
+
+def _pod_causes(obj: JSON) -> list[JSON]:
+    out: list[JSON] = []
+    status = _dict(obj.get("status"))
+    for lst in ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses"):
+        for i, cs in enumerate(_list(status.get(lst))):
+            for j, rs in enumerate(_list(_dict(cs).get("allocatedResourcesStatus"))):
+                for k, res in enumerate(_list(_dict(rs).get("resources"))):
+                    health = _dict(res).get("health")
+                    where = f"status.{lst}[{i}].allocatedResourcesStatus[{j}].resources[{k}].health"
+                    if health is not None and health not in HEALTH_VALUES:
+                        out.append(unsupported(where, health, HEALTH_VALUES))
+    return out
+
+
+def _taint_causes(taint: JSON, where: str) -> list[JSON]:
+    out: list[JSON] = []
+    key = taint.get("key")
+    if not key:
+        out.append(required(f"{where}.key"))
+    elif isinstance(key, str):
+        try:
+            validate_label_key(key)
+        except SelectorError as e:
+            out.append(invalid_value(f"{where}.key", key, str(e)))
+    effect = taint.get("effect")
+    if not effect:
+        out.append(required(f"{where}.effect"))
+    elif effect not in TAINT_EFFECTS:
+        out.append(unsupported(f"{where}.effect", effect, TAINT_EFFECTS))
+    return out
+
+
+def _device_taint_rule_causes(obj: JSON) -> list[JSON]:
+    taint = _dict(obj.get("spec")).get("taint")
+    if not isinstance(taint, dict):
+        return [required("spec.taint")]
+    return _taint_causes(taint, "spec.taint")
+
+
+def _resource_slice_causes(obj: JSON) -> list[JSON]:
+    out: list[JSON] = []
+    spec = _dict(obj.get("spec"))
+    if not spec.get("driver"):
+        out.append(required("spec.driver"))
+    if not _dict(spec.get("pool")).get("name"):
+        out.append(required("spec.pool.name"))
+    node_fields = ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection")
+    chosen = [f for f in node_fields if spec.get(f) not in (None, False, "")]
+    if len(chosen) != 1:
+        msg = (
+            "exactly one of `nodeName`, `nodeSelector`, `allNodes`, "
+            "`perDeviceNodeSelection` is required"
+        )
+        out.append(cause("FieldValueRequired" if not chosen else "FieldValueInvalid", msg, "spec"))
+    devices = _list(spec.get("devices"))
+    if len(devices) > MAX_DEVICES_PER_SLICE:
+        out.append(
+            cause(
+                "FieldValueTooMany",
+                f"Too many: {len(devices)}: must have at most {MAX_DEVICES_PER_SLICE} items",
+                "spec.devices",
+            )
+        )
+    for i, dev in enumerate(devices):
+        for j, taint in enumerate(_list(_dict(dev).get("taints"))):
+            out.extend(_taint_causes(_dict(taint), f"spec.devices[{i}].taints[{j}]"))
+    return out
+
+
+def _pdb_causes(obj: JSON) -> list[JSON]:
+    spec = _dict(obj.get("spec"))
+    if spec.get("minAvailable") is not None and spec.get("maxUnavailable") is not None:
+        return [invalid_value("spec", spec, "minAvailable and maxUnavailable cannot be both set")]
+    out = []
+    for f in ("minAvailable", "maxUnavailable"):
+        v = spec.get(f)
+        if isinstance(v, str) and not re.fullmatch(r"\d+%", v):
+            out.append(invalid_value(f"spec.{f}", v, "must be an integer or percentage (e.g 5%)"))
+        if isinstance(v, int) and v < 0:
+            out.append(invalid_value(f"spec.{f}", v, "must be greater than or equal to 0"))
+    return out
+
+
+_KIND_RULES = {
+    ("v1", "Pod"): _pod_causes,
+    ("resource.k8s.io/v1", "DeviceTaintRule"): _device_taint_rule_causes,
+    ("resource.k8s.io/v1", "ResourceSlice"): _resource_slice_causes,
+    ("policy/v1", "PodDisruptionBudget"): _pdb_causes,
+}
+
+
+def object_causes(rt: ResourceType, obj: JSON) -> list[JSON]:
+    """All validation causes for ``obj`` (an object of kind ``rt``), schema first."""
+    out = schema_causes(obj, rt.model)
+    meta = _dict(obj.get("metadata"))
+    name = meta.get("name")
+    if isinstance(name, str):
+        out.extend(name_causes(rt.kind, name))
+    out.extend(_label_causes(meta))
+    rule = _KIND_RULES.get((rt.api_version, rt.kind))
+    if rule is not None and not any(c["reason"] == "FieldValueTypeInvalid" for c in out):
+        out.extend(rule(obj))
+    return out[:MAX_CAUSES]

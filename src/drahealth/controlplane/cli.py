@@ -1,0 +1,46 @@
+"""The ``drahealth apiserver`` command: run the embedded API server in the foreground.
+
+Prints exactly ``listening on http://127.0.0.1:PORT`` once it accepts connections and
+stops cleanly on SIGINT/SIGTERM. The lead wires ``apiserver_command`` into the main
+CLI group; ``python -m drahealth.controlplane`` runs it standalone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import click
+
+from ._persist import DataFileError
+from ._server import serve_forever
+
+
+@click.command("apiserver")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="TCP port on 127.0.0.1 (0 picks a free one).",
+)
+@click.option(
+    "--kubeconfig-out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write a kubeconfig for this server to FILE.",
+)
+@click.option(
+    "--data",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Persist all objects to FILE (loaded at start, saved after writes).",
+)
+def apiserver_command(port: int, kubeconfig_out: Path | None, data: Path | None) -> None:
+    """Run the embedded Kubernetes API server."""
+    try:
+        asyncio.run(serve_forever(port=port, kubeconfig_out=kubeconfig_out, data=data))
+    except DataFileError as e:
+        raise click.ClickException(str(e)) from e
+    except OSError as e:
+        raise click.ClickException(f"cannot serve on port {port}: {e}") from e
