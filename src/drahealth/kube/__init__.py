@@ -1,0 +1,74 @@
+"""drahealth.kube: the one path from drahealth components to the Kubernetes API.
+
+Everything goes through a lightkube client built by :func:`make_client` (async) or
+:func:`make_sync_client` (CLI): against the embedded API server, a kubeconfig, or
+in-cluster. :class:`Reflector` keeps a typed, event-emitting cache of one kind
+(LIST/WATCH, bookmarks, 410 relist, backoff). ``_ops`` has the write helpers
+(status patches, server-side apply, conflict retry) and error predicates.
+
+Knows nothing of the packages above it (driver, node, remedy, controlplane, cli, web).
+"""
+
+from ._client import (
+    DEFAULT_KUBECONFIG,
+    DEFAULT_TIMEOUT,
+    SERVICE_ACCOUNT_DIR,
+    KubeConfigError,
+    embedded_kubeconfig,
+    load_config,
+    make_client,
+    make_sync_client,
+)
+from ._ops import (
+    apply,
+    apply_status,
+    is_already_exists,
+    is_conflict,
+    is_gone,
+    is_not_found,
+    patch_status,
+    retry_on_conflict,
+    status_code,
+)
+from ._reflector import (
+    Backoff,
+    EventStream,
+    ObjectCache,
+    Reflector,
+    ReflectorEvent,
+    Store,
+    WatchErrorEvent,
+    object_key,
+    resource_version,
+    rv_newer,
+)
+
+__all__ = [
+    "DEFAULT_KUBECONFIG",
+    "DEFAULT_TIMEOUT",
+    "SERVICE_ACCOUNT_DIR",
+    "Backoff",
+    "EventStream",
+    "KubeConfigError",
+    "ObjectCache",
+    "Reflector",
+    "ReflectorEvent",
+    "Store",
+    "WatchErrorEvent",
+    "apply",
+    "apply_status",
+    "embedded_kubeconfig",
+    "is_already_exists",
+    "is_conflict",
+    "is_gone",
+    "is_not_found",
+    "load_config",
+    "make_client",
+    "make_sync_client",
+    "object_key",
+    "patch_status",
+    "resource_version",
+    "retry_on_conflict",
+    "rv_newer",
+    "status_code",
+]

@@ -1,0 +1,315 @@
+"""Client factory: the one place that turns configuration into a lightkube client.
+
+Owns: resolving *which* Kubernetes API to talk to (embedded server URL, kubeconfig
+file, ``$KUBECONFIG``, in-cluster service account, ``~/.kube/config``), validating
+kubeconfig files with errors that name the file and the problem, and building the
+async (agents, controllers) and sync (CLI) lightkube clients from one resolved
+:class:`lightkube.config.kubeconfig.SingleConfig`.
+
+May not touch: anything above ``kube`` (no imports from driver/node/remedy/...), and
+it never opens a connection itself; lightkube/httpx2 connect lazily on first request.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import msgspec
+import yaml
+from lightkube import AsyncClient, Client, ConfigError, KubeConfig, SingleConfig
+from lightkube.config.models import Cluster, Context, User
+
+__all__ = [
+    "DEFAULT_KUBECONFIG",
+    "DEFAULT_TIMEOUT",
+    "EMBEDDED_TOKEN",
+    "SERVICE_ACCOUNT_DIR",
+    "KubeConfigError",
+    "embedded_kubeconfig",
+    "load_config",
+    "make_client",
+    "make_sync_client",
+]
+
+#: Default per-request timeout in seconds (connect/read/write/pool). Watches have no
+#: read timeout (lightkube disables it); the reflector bounds them itself.
+DEFAULT_TIMEOUT = 10.0
+#: Where Kubernetes mounts the pod's service account.
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+#: The last-resort kubeconfig location.
+DEFAULT_KUBECONFIG = Path("~/.kube/config")
+#: Bearer token used for the embedded API server (it accepts any token).
+EMBEDDED_TOKEN = "drahealth"
+
+
+class KubeConfigError(ConfigError):
+    """The Kubernetes client configuration is missing or malformed.
+
+    The message always says where the configuration came from (file path, server
+    URL or service account directory) and what exactly is wrong. Subclasses
+    :class:`lightkube.ConfigError`, so code catching lightkube's error also works.
+    """
+
+
+def embedded_kubeconfig(
+    server_url: str,
+    *,
+    token: str = EMBEDDED_TOKEN,
+    namespace: str | None = None,
+    name: str = "drahealth-embedded",
+) -> dict[str, Any]:
+    """Return a kubeconfig document (as a dict) pointing at ``server_url`` with a token user.
+
+    ``KubeConfig.from_server`` builds a config with no user, which lightkube's
+    connection layer rejects ("Missing user"), so the embedded server gets an explicit
+    token user instead.
+    """
+    context: dict[str, Any] = {"cluster": name, "user": name}
+    if namespace:
+        context["namespace"] = namespace
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": name, "cluster": {"server": server_url}}],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": name, "context": context}],
+        "current-context": name,
+    }
+
+
+def _names(entries: Any) -> list[str]:
+    if not isinstance(entries, list):
+        return []
+    return [str(e["name"]) for e in entries if isinstance(e, Mapping) and "name" in e]
+
+
+def _check_section(where: str, doc: Mapping[str, Any], section: str, key: str) -> None:
+    """Check ``doc[section]`` is a list of ``{name: str, <key>: mapping}`` entries."""
+    entries = doc.get(section)
+    if entries is None:
+        return
+    if not isinstance(entries, list):
+        raise KubeConfigError(f"{where}: '{section}' must be a list, got {type(entries).__name__}")
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, Mapping):
+            raise KubeConfigError(
+                f"{where}: {section}[{i}] must be a mapping, got {type(entry).__name__}"
+            )
+        if not isinstance(entry.get("name"), str) or not entry["name"]:
+            raise KubeConfigError(f"{where}: {section}[{i}] has no 'name'")
+        if not isinstance(entry.get(key), Mapping):
+            raise KubeConfigError(
+                f"{where}: {section}[{i}] ('{entry['name']}') has no '{key}' mapping"
+            )
+
+
+def _single_from_doc(
+    doc: Any, where: str, *, context: str | None, fname: Path | None
+) -> SingleConfig:
+    """Validate a parsed kubeconfig document and select one context from it."""
+    if not isinstance(doc, Mapping):
+        kind = "an empty document" if doc is None else type(doc).__name__
+        raise KubeConfigError(f"{where}: expected a kubeconfig mapping, got {kind}")
+    for section, key in (("clusters", "cluster"), ("contexts", "context"), ("users", "user")):
+        _check_section(where, doc, section, key)
+    contexts = _names(doc.get("contexts"))
+    available = ", ".join(contexts) if contexts else "none"
+    if not contexts:
+        raise KubeConfigError(f"{where}: no contexts defined")
+    chosen = context if context is not None else doc.get("current-context")
+    if not chosen:
+        raise KubeConfigError(
+            f"{where}: no current-context set and no context given (available: {available})"
+        )
+    if not isinstance(chosen, str):
+        raise KubeConfigError(f"{where}: current-context must be a string")
+    if chosen not in contexts:
+        raise KubeConfigError(f"{where}: context '{chosen}' not found (available: {available})")
+    try:
+        kc = KubeConfig.from_dict(
+            {
+                "clusters": doc.get("clusters") or [],
+                "contexts": doc.get("contexts") or [],
+                "users": doc.get("users") or [],
+                "current-context": chosen,
+            },
+            fname=fname,
+        )
+    except (msgspec.ValidationError, TypeError) as exc:
+        raise KubeConfigError(f"{where}: invalid entry: {exc}") from exc
+    ctx: Context = kc.contexts[chosen]
+    if ctx.cluster not in kc.clusters:
+        raise KubeConfigError(
+            f"{where}: context '{chosen}' refers to unknown cluster '{ctx.cluster}'"
+        )
+    cluster: Cluster = kc.clusters[ctx.cluster]
+    cluster_doc = next(e["cluster"] for e in doc["clusters"] if e["name"] == ctx.cluster)
+    if not cluster_doc.get("server"):
+        raise KubeConfigError(f"{where}: cluster '{ctx.cluster}' has no 'server'")
+    user: User
+    if ctx.user:
+        if ctx.user not in kc.users:
+            raise KubeConfigError(
+                f"{where}: context '{chosen}' refers to unknown user '{ctx.user}'"
+            )
+        user = kc.users[ctx.user]
+    else:
+        # lightkube asserts a user exists; an empty user means "no credentials".
+        user = User()
+    return SingleConfig(context_name=chosen, context=ctx, cluster=cluster, user=user, fname=fname)
+
+
+def _load_file(path: Path, *, context: str | None) -> SingleConfig:
+    where = f"kubeconfig {path}"
+    try:
+        text = path.expanduser().read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise KubeConfigError(f"{where}: file not found") from None
+    except IsADirectoryError:
+        raise KubeConfigError(f"{where}: is a directory, not a file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KubeConfigError(f"{where}: cannot read: {exc}") from exc
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        detail = str(exc).replace("\n", " ")
+        raise KubeConfigError(f"{where}: invalid YAML: {detail}") from exc
+    return _single_from_doc(doc, where, context=context, fname=path.expanduser().absolute())
+
+
+def _load_service_account(sa_dir: Path, environ: Mapping[str, str]) -> SingleConfig:
+    where = f"in-cluster service account {sa_dir}"
+    host = environ.get("KUBERNETES_SERVICE_HOST")
+    port = environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        raise KubeConfigError(
+            f"{where}: KUBERNETES_SERVICE_HOST/KUBERNETES_SERVICE_PORT are not set"
+        )
+    token_file = sa_dir / "token"
+    try:
+        token = token_file.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise KubeConfigError(f"{where}: cannot read token: {exc}") from exc
+    ns_file = sa_dir / "namespace"
+    namespace = ns_file.read_text(encoding="utf-8").strip() if ns_file.is_file() else None
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    ca = sa_dir / "ca.crt"
+    kc = KubeConfig.from_one(
+        cluster=Cluster(
+            server=f"https://{host}:{port}",
+            certificate_auth=str(ca) if ca.is_file() else None,
+        ),
+        user=User(token=token, token_file=str(token_file)),
+        namespace=namespace or None,
+    )
+    single = kc.get()
+    assert single is not None
+    return single
+
+
+def load_config(
+    kubeconfig: str | os.PathLike[str] | None = None,
+    *,
+    server_url: str | None = None,
+    context: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    service_account_dir: Path = SERVICE_ACCOUNT_DIR,
+    default_kubeconfig: Path = DEFAULT_KUBECONFIG,
+) -> SingleConfig:
+    """Resolve the client configuration.
+
+    Order: ``server_url`` (embedded server; token user) → ``kubeconfig`` path →
+    ``$KUBECONFIG`` (first existing entry of a ``:``-separated list) → in-cluster
+    service account (token file present and ``KUBERNETES_SERVICE_HOST`` set) →
+    ``default_kubeconfig`` (``~/.kube/config``). An explicitly named source that is
+    broken is an error; it never silently falls through to the next one.
+
+    ``environ``, ``service_account_dir`` and ``default_kubeconfig`` exist for tests.
+
+    Raises:
+        KubeConfigError: no source found, or the chosen source is malformed.
+    """
+    env = os.environ if environ is None else environ
+    if server_url is not None:
+        if not server_url.startswith(("http://", "https://")):
+            raise KubeConfigError(f"server URL {server_url!r}: must start with http:// or https://")
+        doc = embedded_kubeconfig(server_url)
+        return _single_from_doc(doc, f"server URL {server_url}", context=None, fname=None)
+    if kubeconfig is not None:
+        return _load_file(Path(kubeconfig), context=context)
+    env_paths = [p for p in env.get("KUBECONFIG", "").split(os.pathsep) if p]
+    if env_paths:
+        for p in env_paths:
+            if Path(p).expanduser().exists():
+                return _load_file(Path(p), context=context)
+        raise KubeConfigError(f"$KUBECONFIG={env['KUBECONFIG']}: none of the listed files exist")
+    if (service_account_dir / "token").is_file() and env.get("KUBERNETES_SERVICE_HOST"):
+        if context is not None:
+            raise KubeConfigError(
+                f"in-cluster service account {service_account_dir}: "
+                f"has no contexts, cannot select context '{context}'"
+            )
+        return _load_service_account(service_account_dir, env)
+    default = default_kubeconfig.expanduser()
+    if default.exists():
+        return _load_file(default, context=context)
+    raise KubeConfigError(
+        "no Kubernetes configuration found: no server URL or kubeconfig given, $KUBECONFIG "
+        f"unset, no in-cluster service account at {service_account_dir}, and "
+        f"{default_kubeconfig} does not exist"
+    )
+
+
+def _timeout(timeout: float | httpx2.Timeout) -> httpx2.Timeout:
+    return timeout if isinstance(timeout, httpx2.Timeout) else httpx2.Timeout(timeout)
+
+
+def make_client(
+    kubeconfig: str | os.PathLike[str] | None = None,
+    *,
+    server_url: str | None = None,
+    context: str | None = None,
+    namespace: str | None = None,
+    field_manager: str = "drahealth",
+    timeout: float | httpx2.Timeout = DEFAULT_TIMEOUT,
+) -> AsyncClient:
+    """Build the async lightkube client every component uses.
+
+    See :func:`load_config` for the resolution order. ``namespace`` overrides the
+    context's default namespace; ``field_manager`` is sent on every write (and is
+    required for server-side apply). Proxy environment variables are ignored for an
+    explicit ``server_url`` (the embedded server is on loopback).
+    """
+    config = load_config(kubeconfig, server_url=server_url, context=context)
+    return AsyncClient(
+        config,
+        namespace=namespace,
+        timeout=_timeout(timeout),
+        field_manager=field_manager,
+        trust_env=server_url is None,
+    )
+
+
+def make_sync_client(
+    kubeconfig: str | os.PathLike[str] | None = None,
+    *,
+    server_url: str | None = None,
+    context: str | None = None,
+    namespace: str | None = None,
+    field_manager: str = "drahealth",
+    timeout: float | httpx2.Timeout = DEFAULT_TIMEOUT,
+) -> Client:
+    """Blocking twin of :func:`make_client` (for the CLI); same resolution rules."""
+    config = load_config(kubeconfig, server_url=server_url, context=context)
+    return Client(
+        config,
+        namespace=namespace,
+        timeout=_timeout(timeout),
+        field_manager=field_manager,
+        trust_env=server_url is None,
+    )
