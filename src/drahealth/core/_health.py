@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from drahealth.api import HEALTH_MESSAGE_MAX_BYTES
 
 
-class Health(str, enum.Enum):
+class Health(enum.StrEnum):
     """Health of one device, spelled as in the Pod API."""
 
     HEALTHY = "Healthy"

@@ -62,7 +62,10 @@ class DRAv1(api.dra_v1_grpc.DRAPluginServicer):
 def _health_servicer(mod, grpc_mod):  # type: ignore[no-untyped-def]
     class Health(grpc_mod.DRAResourceHealthServicer):  # type: ignore[misc]
         async def NodeWatchResources(self, request, context) -> AsyncIterator[object]:  # type: ignore[no-untyped-def]
-            for health, msg in ((mod.HEALTHY, ""), (mod.UNHEALTHY, "XID 79: GPU fallen off the bus")):
+            for health, msg in (
+                (mod.HEALTHY, ""),
+                (mod.UNHEALTHY, "XID 79: GPU fallen off the bus"),
+            ):
                 yield mod.NodeWatchResourcesResponse(
                     devices=[
                         mod.DeviceHealth(
@@ -129,11 +132,15 @@ async def test_node_prepare_v1_raw(server: tuple[str, Registration]) -> None:
     def claim(ns: str, uid: str, name: str) -> bytes:
         return field_bytes(1, ns) + field_bytes(2, uid) + field_bytes(3, name)
 
-    body = field_bytes(1, claim("default", "uid-1", "c1")) + field_bytes(1, claim("ns2", "uid-2", "broken"))
+    body = field_bytes(1, claim("default", "uid-1", "c1")) + field_bytes(
+        1, claim("ns2", "uid-2", "broken")
+    )
     async with grpc.aio.insecure_channel(target) as ch:
         raw = await _raw(ch, "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources")(body)
     entries = {}
-    for entry in decode(raw)[1]:  # map<string, NodePrepareResourceResponse> = repeated (key=1, value=2)
+    for entry in decode(raw)[
+        1
+    ]:  # map<string, NodePrepareResourceResponse> = repeated (key=1, value=2)
         assert isinstance(entry, bytes)
         kv = decode(entry)
         entries[kv[1][0]] = decode(kv[2][0]) if 2 in kv else {}
@@ -161,14 +168,16 @@ async def test_health_stream_raw(server: tuple[str, Registration], method: str) 
     assert decode(first[1][0]) == {1: [b"node-1"], 2: [b"gpu-0"]}  # type: ignore[arg-type]
     assert first[2] == [1] and first[3] == [1_700_000_000] and first[4] == [45]
     assert 5 not in first  # empty message is not on the wire
-    assert second[2] == [2] and second[5] == ["XID 79: GPU fallen off the bus".encode()]
+    assert second[2] == [2] and second[5] == [b"XID 79: GPU fallen off the bus"]
 
 
 async def test_unknown_method_is_unimplemented(server: tuple[str, Registration]) -> None:
     target, _ = server
     async with grpc.aio.insecure_channel(target) as ch:
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            await _raw(ch, "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodePrepareResources")(b"")
+            await _raw(ch, "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodePrepareResources")(
+                b""
+            )
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 

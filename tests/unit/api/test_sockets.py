@@ -59,11 +59,17 @@ def test_default_paths() -> None:
     assert api.registrar_socket_path("gpu.example.com") == (
         "/var/lib/kubelet/plugins_registry/gpu.example.com-reg.sock"
     )
-    assert api.dra_socket_path("gpu.example.com") == "/var/lib/kubelet/plugins/gpu.example.com/dra.sock"
+    assert (
+        api.dra_socket_path("gpu.example.com")
+        == "/var/lib/kubelet/plugins/gpu.example.com/dra.sock"
+    )
     assert api.dra_socket_path("gpu.example.com", pod_uid="u1") == (
         "/var/lib/kubelet/plugins/gpu.example.com/dra-u1.sock"
     )
-    assert api.registrar_socket_path("d.example.com", "/reg", pod_uid="u1") == "/reg/d.example.com-u1-reg.sock"
+    assert (
+        api.registrar_socket_path("d.example.com", "/reg", pod_uid="u1")
+        == "/reg/d.example.com-u1-reg.sock"
+    )
 
 
 def test_registration_strings_and_method_paths() -> None:
@@ -71,7 +77,10 @@ def test_registration_strings_and_method_paths() -> None:
     assert api.DRA_HEALTH_SERVICES == ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
     assert api.DRA_PLUGIN_TYPE == "DRAPlugin"
     assert api.GET_INFO_METHOD == "/pluginregistration.Registration/GetInfo"
-    assert api.NODE_PREPARE_V1_METHOD == "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
+    assert (
+        api.NODE_PREPARE_V1_METHOD
+        == "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
+    )
     assert api.WATCH_V1ALPHA1_METHOD == "/v1alpha1.DRAResourceHealth/NodeWatchResources"
 
 
@@ -97,4 +106,9 @@ def test_generated_descriptors_match_the_contract() -> None:
     assert dev["share_id"].number == 5
     assert "share_id" not in api.dra_v1beta1.Device.DESCRIPTOR.fields_by_name
     cr = api.podresources_v1.ClaimResource.DESCRIPTOR.fields_by_name
-    assert [cr[n].number for n in ("cdi_devices", "driver_name", "pool_name", "device_name")] == [1, 2, 3, 4]
+    assert [cr[n].number for n in ("cdi_devices", "driver_name", "pool_name", "device_name")] == [
+        1,
+        2,
+        3,
+        4,
+    ]

@@ -27,7 +27,9 @@ def test_wire_mapping() -> None:
 
 
 def test_device_key_parse() -> None:
-    assert DeviceKey.parse("gpu.example.com/node-1/gpu-0") == DeviceKey("gpu.example.com", "node-1", "gpu-0")
+    assert DeviceKey.parse("gpu.example.com/node-1/gpu-0") == DeviceKey(
+        "gpu.example.com", "node-1", "gpu-0"
+    )
     assert DeviceKey.parse("d/a/b/c").pool == "a/b"
     assert str(DeviceKey("d", "p", "x")) == "d/p/x"
     for bad in ("", "d", "d/p", "/p/x", "d//x", "d/p/"):

@@ -1,0 +1,52 @@
+"""The ``drahealth`` command line.
+
+One click group whose commands live next to the part they drive and are imported
+only when run, so ``drahealth --help`` stays fast and one part's imports cannot
+break another's command.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+import click
+
+from drahealth import __version__
+
+#: command name -> "module:attribute" of its click command.
+COMMANDS: dict[str, str] = {
+    "apiserver": "drahealth.controlplane.cli:apiserver_command",
+    "demo": "drahealth.cli.demo:demo_command",
+}
+
+
+class LazyGroup(click.Group):
+    """A click group that imports each command on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in COMMANDS:
+            module, _, attr = COMMANDS[cmd_name].partition(":")
+            command = getattr(importlib.import_module(module), attr)
+            assert isinstance(command, click.Command)
+            return command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="drahealth")
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
+    default="warning",
+    show_default=True,
+    help="Log level for the process.",
+)
+def main(log_level: str) -> None:
+    """Kubernetes DRA device health: driver toolkit, node agent, embedded control plane."""
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
