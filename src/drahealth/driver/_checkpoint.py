@@ -1,0 +1,266 @@
+"""Durable record of the claims this driver prepared on this node.
+
+Owns the checkpoint file format and its crash-safe write; knows nothing of gRPC,
+the API server or locking (callers serialize writers: the plugin holds its state
+lock, plus an ``flock`` when rolling-update instances share the file).
+
+File format (JSON, UTF-8)::
+
+    {"version": 1,
+     "checksum": "sha256:<hex of sha256 over the canonical JSON of 'claims'>",
+     "claims": {"<claim uid>": {"namespace": "...", "name": "...",
+                                "state": "PrepareStarted" | "PrepareCompleted",
+                                "devices": [{"pool", "device", "requests",
+                                             "cdi_device_ids", "share_id",
+                                             "admin_access"}, ...]}}}
+
+Canonical JSON = ``json.dumps(claims, sort_keys=True, separators=(",", ":"),
+ensure_ascii=False)`` encoded as UTF-8. A write goes to ``.<name>.tmp`` in the same
+directory, is fsynced, renamed over the file with ``os.replace`` and the directory
+is fsynced, so after a crash at any instant the file holds either the old or the new
+content, never a mix.
+
+Loading a missing file gives an empty checkpoint. A corrupt file (not JSON, wrong
+shape, bad checksum, unknown version) is moved aside to
+``<name>.corrupt-<UTC timestamp>`` and :class:`CheckpointError` is raised naming
+both paths; the caller decides what to do (the plugin refuses to start, and the next
+start begins empty because the bad file is out of the way).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import enum
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from drahealth.driver._types import CheckpointError
+
+__all__ = [
+    "CHECKPOINT_VERSION",
+    "Checkpoint",
+    "CheckpointDevice",
+    "ClaimEntry",
+    "ClaimState",
+    "atomic_write",
+]
+
+#: The only format version this build reads and writes.
+CHECKPOINT_VERSION = 1
+
+
+class ClaimState(enum.StrEnum):
+    """Where preparing one claim got to."""
+
+    PREPARE_STARTED = "PrepareStarted"
+    PREPARE_COMPLETED = "PrepareCompleted"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointDevice:
+    """One device of a prepared claim as recorded (``requests`` unstripped)."""
+
+    pool: str
+    device: str
+    requests: tuple[str, ...] = ()
+    cdi_device_ids: tuple[str, ...] = ()
+    share_id: str | None = None
+    admin_access: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pool": self.pool,
+            "device": self.device,
+            "requests": list(self.requests),
+            "cdi_device_ids": list(self.cdi_device_ids),
+            "share_id": self.share_id,
+            "admin_access": self.admin_access,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> CheckpointDevice:
+        if not isinstance(data, dict):
+            raise ValueError("device entry is not an object")
+        share_id = data.get("share_id")
+        admin = data.get("admin_access", False)
+        if share_id is not None and not isinstance(share_id, str):
+            raise ValueError("share_id is not a string")
+        if not isinstance(admin, bool):
+            raise ValueError("admin_access is not a boolean")
+        return cls(
+            pool=_str(data, "pool"),
+            device=_str(data, "device"),
+            requests=_strs(data, "requests"),
+            cdi_device_ids=_strs(data, "cdi_device_ids"),
+            share_id=share_id,
+            admin_access=admin,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimEntry:
+    """One claim in the checkpoint."""
+
+    namespace: str
+    name: str
+    state: ClaimState
+    devices: tuple[CheckpointDevice, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "namespace": self.namespace,
+            "name": self.name,
+            "state": self.state.value,
+            "devices": [d.to_json() for d in self.devices],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> ClaimEntry:
+        if not isinstance(data, dict):
+            raise ValueError("claim entry is not an object")
+        devices = data.get("devices", [])
+        if not isinstance(devices, list):
+            raise ValueError("devices is not a list")
+        return cls(
+            namespace=_str(data, "namespace"),
+            name=_str(data, "name"),
+            state=ClaimState(_str(data, "state")),
+            devices=tuple(CheckpointDevice.from_json(d) for d in devices),
+        )
+
+
+def _str(data: dict[str, Any], key: str) -> str:
+    value = data.get(key)
+    if not isinstance(value, str):
+        raise ValueError(f"{key} is missing or not a string")
+    return value
+
+
+def _strs(data: dict[str, Any], key: str) -> tuple[str, ...]:
+    value = data.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{key} is not a list of strings")
+    return tuple(value)
+
+
+def _canonical(claims: Any) -> bytes:
+    return json.dumps(claims, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _checksum(claims: Any) -> str:
+    return "sha256:" + hashlib.sha256(_canonical(claims)).hexdigest()
+
+
+def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves the old or the new file.
+
+    Writes ``.<name>.tmp`` next to it, fsyncs, renames over ``path`` and fsyncs the
+    directory. Concurrent writers of the same path must be serialized by the caller.
+    """
+    directory, name = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+class Checkpoint:
+    """The prepared-claims checkpoint file at ``path`` (see the module docstring)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._path = os.fspath(path)
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    def load(self) -> dict[str, ClaimEntry]:
+        """Read the file: claim UID -> entry. Missing file -> ``{}``.
+
+        Raises :class:`CheckpointError` for an unreadable or corrupt file; a corrupt
+        one is first quarantined (see the module docstring).
+        """
+        try:
+            with open(self._path, "rb") as f:
+                raw = f.read()
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot read checkpoint {self._path}: {exc}", path=self._path
+            ) from exc
+        try:
+            return self._decode(raw)
+        except ValueError as exc:
+            aside = self._quarantine()
+            where = f"; moved it to {aside}" if aside else ""
+            raise CheckpointError(
+                f"checkpoint {self._path} is corrupt: {exc}{where}",
+                path=self._path,
+                quarantined_to=aside,
+            ) from exc
+
+    def save(self, claims: Mapping[str, ClaimEntry]) -> None:
+        """Atomically replace the file with ``claims``."""
+        body = {uid: claims[uid].to_json() for uid in sorted(claims)}
+        doc = {"version": CHECKPOINT_VERSION, "checksum": _checksum(body), "claims": body}
+        data = json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False).encode() + b"\n"
+        atomic_write(self._path, data)
+
+    def _decode(self, raw: bytes) -> dict[str, ClaimEntry]:
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"not valid JSON ({exc})") from exc
+        if not isinstance(doc, dict):
+            raise ValueError("top level is not an object")
+        version = doc.get("version")
+        if version != CHECKPOINT_VERSION:
+            raise ValueError(
+                f"unknown version {version!r} (this build reads version {CHECKPOINT_VERSION})"
+            )
+        claims = doc.get("claims")
+        if not isinstance(claims, dict):
+            raise ValueError("claims is missing or not an object")
+        checksum = doc.get("checksum")
+        expected = _checksum(claims)
+        if checksum != expected:
+            raise ValueError(f"checksum mismatch (file says {checksum!r}, content is {expected})")
+        out: dict[str, ClaimEntry] = {}
+        for uid, entry in claims.items():
+            try:
+                out[uid] = ClaimEntry.from_json(entry)
+            except ValueError as exc:
+                raise ValueError(f"claim {uid}: {exc}") from exc
+        return out
+
+    def _quarantine(self) -> str | None:
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+        aside = f"{self._path}.corrupt-{stamp}"
+        try:
+            os.replace(self._path, aside)
+        except OSError:
+            return None
+        return aside

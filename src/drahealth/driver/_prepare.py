@@ -1,0 +1,581 @@
+"""Prepare/unprepare orchestration between the kubelet's requests and the driver.
+
+Owns: fetching claims (concurrently, before the serialization lock), turning a
+``ResourceClaim`` into this driver's :class:`AllocationResult` list with resolved
+opaque configs, serialization (``asyncio.Lock``, plus an ``flock`` on
+``serialize.lock`` in rolling-update mode), idempotency and the "device already in
+use" guard against the checkpoint, CDI spec writing, and per-claim outcomes. Knows
+nothing of gRPC: the plugin (``_plugin``) converts requests and replies.
+
+Rules, in order, for ``prepare``:
+
+1. Every claim is fetched with a GET, concurrently, outside the lock. A failure
+   fails only that claim (transient): no API access, GET error, not found, UID
+   mismatch ("got replaced"), ``status.allocation`` missing ("is not allocated").
+   A claim with no results for this driver is answered with zero devices and never
+   reaches the driver.
+2. Under the lock, in one checkpoint transaction: a claim already
+   ``PrepareCompleted`` is answered from the checkpoint without calling the driver
+   (its CDI spec is rewritten if it vanished); a claim whose device is recorded for
+   another claim UID fails (transient, since that claim may be unprepared soon)
+   unless either side has admin access or both carry different share IDs; the rest
+   are recorded ``PrepareStarted`` with their allocated devices.
+3. The driver prepares those claims in one call; then CDI specs are written and the
+   claims recorded ``PrepareCompleted`` with their devices.
+4. Every claim of the request is answered; request names are stripped of
+   subrequests (``main/sub`` -> ``main``). ``PERMANENT_DEVICE`` errors call
+   ``on_device_fault(pool, device, message)``.
+
+``unprepare`` never GETs (the claim may be gone): under the lock it calls the driver
+for every claim (known or not), removes CDI specs and checkpoint entries of the
+claims the driver unprepared, and answers every claim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import inspect
+import logging
+import os
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from lightkube import ApiError
+from lightkube.resources.resource_v1 import ResourceClaim
+
+from drahealth.driver._cdi import CDISpecs
+from drahealth.driver._checkpoint import Checkpoint, CheckpointDevice, ClaimEntry, ClaimState
+from drahealth.driver._types import (
+    AllocationResult,
+    CheckpointError,
+    ClaimError,
+    ClaimRef,
+    ConfigSource,
+    Driver,
+    ErrorKind,
+    OpaqueConfig,
+    PluginOptions,
+    PreparedClaimRequest,
+    PreparedDevice,
+    PrepareResult,
+    base_request,
+)
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter
+
+__all__ = [
+    "ClaimPreparer",
+    "FileLock",
+    "find_conflict",
+    "format_error",
+    "resolve_results",
+    "strip_subrequests",
+]
+
+log = logging.getLogger("drahealth.driver.prepare")
+
+#: Values of a result's ``skipNodeOperations`` that mean "do not prepare".
+_SKIP_PREPARE = frozenset({"NodePrepareResources", "*"})
+
+
+# ---------------------------------------------------------------------------
+# Pure helpers
+# ---------------------------------------------------------------------------
+
+
+def resolve_results(claim: ResourceClaim, driver_name: str) -> list[AllocationResult]:
+    """This driver's allocation results of ``claim`` with their opaque configs.
+
+    A config applies to a result when it is an opaque config of this driver and its
+    ``requests`` list is empty or names the result's request in full (``main/sub``)
+    or by its main name. Configs come class-first, then claim, each in API order;
+    later entries win. Results whose ``skipNodeOperations`` covers
+    ``NodePrepareResources`` are left out.
+    """
+    allocation = claim.status.allocation if claim.status else None
+    devices = allocation.devices if allocation else None
+    if devices is None:
+        return []
+    configs: list[OpaqueConfig] = []
+    for cfg in devices.config or []:
+        if cfg.opaque is None or cfg.opaque.driver != driver_name:
+            continue
+        try:
+            source = ConfigSource(cfg.source)
+        except ValueError:
+            source = ConfigSource.FROM_CLAIM
+        configs.append(
+            OpaqueConfig(
+                driver=cfg.opaque.driver,
+                parameters=cfg.opaque.parameters,
+                source=source,
+                requests=tuple(cfg.requests or ()),
+            )
+        )
+    configs.sort(key=lambda c: c.source is not ConfigSource.FROM_CLASS)  # stable
+    out: list[AllocationResult] = []
+    for res in devices.results or []:
+        if res.driver != driver_name:
+            continue
+        if _SKIP_PREPARE.intersection(res.skipNodeOperations or ()):
+            continue
+        main = base_request(res.request)
+        matching = tuple(
+            c for c in configs if not c.requests or res.request in c.requests or main in c.requests
+        )
+        out.append(
+            AllocationResult(
+                request=res.request,
+                driver=res.driver,
+                pool=res.pool,
+                device=res.device,
+                admin_access=bool(res.adminAccess),
+                share_id=res.shareID or None,
+                consumed_capacity={k: str(v) for k, v in (res.consumedCapacity or {}).items()},
+                tolerations=tuple(res.tolerations or ()),
+                configs=matching,
+            )
+        )
+    return out
+
+
+def strip_subrequests(requests: Iterable[str]) -> list[str]:
+    """Main request names, in order, without duplicates: ``["a/x", "b"]`` -> ``["a", "b"]``."""
+    return list(dict.fromkeys(base_request(r) for r in requests))
+
+
+def _compatible(a_admin: bool, a_share: str | None, b_admin: bool, b_share: str | None) -> bool:
+    if a_admin or b_admin:
+        return True
+    return bool(a_share and b_share and a_share != b_share)
+
+
+def find_conflict(
+    uid: str, results: Sequence[AllocationResult], claims: Mapping[str, ClaimEntry]
+) -> ClaimError | None:
+    """The error for the first result of claim ``uid`` whose device is recorded for
+    another claim in ``claims`` (the in-use guard), or ``None``."""
+    for res in results:
+        for other_uid, entry in claims.items():
+            if other_uid == uid:
+                continue
+            for dev in entry.devices:
+                if (dev.pool, dev.device) != (res.pool, res.device):
+                    continue
+                if _compatible(res.admin_access, res.share_id, dev.admin_access, dev.share_id):
+                    continue
+                return ClaimError(
+                    f"device {res.pool}/{res.device} is already in use by claim "
+                    f"{entry.namespace}/{entry.name} ({other_uid})",
+                    ErrorKind.TRANSIENT,
+                )
+    return None
+
+
+def format_error(error: ClaimError, enable_error_type_field: bool = False) -> str:
+    """The per-claim error string on the wire (``"permanent: "`` prefix, see ``_types``)."""
+    if enable_error_type_field and error.kind.permanent:
+        return f"permanent: {error.message}"
+    return error.message
+
+
+def _as_claim_error(exc: BaseException, what: str) -> ClaimError:
+    if isinstance(exc, ClaimError):
+        return exc
+    return ClaimError(f"{what}: {type(exc).__name__}: {exc}", ErrorKind.TRANSIENT)
+
+
+# ---------------------------------------------------------------------------
+# File lock
+# ---------------------------------------------------------------------------
+
+
+class FileLock:
+    """An exclusive ``flock`` on ``path``, acquired in a worker thread so the event
+    loop never blocks. Not re-entrant. A cancelled acquire releases the lock as soon
+    as the thread gets it."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    async def __aenter__(self) -> FileLock:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fut = asyncio.get_running_loop().run_in_executor(None, fcntl.flock, fd, fcntl.LOCK_EX)
+        try:
+            await asyncio.shield(fut)
+        except BaseException:
+            fut.add_done_callback(lambda _: os.close(fd))
+            raise
+        self._fd = fd
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing drops the flock
+
+
+# ---------------------------------------------------------------------------
+# Orchestration
+# ---------------------------------------------------------------------------
+
+
+class ClaimPreparer:
+    """Runs NodePrepare/NodeUnprepare for one driver (see the module docstring).
+
+    ``load()`` must be awaited once before serving: it reads the checkpoint (raising
+    :class:`CheckpointError` for a corrupt one) and regenerates missing CDI specs.
+    """
+
+    def __init__(self, driver: Driver, options: PluginOptions) -> None:
+        self._driver = driver
+        self._options = options
+        self._client = options.kube_client
+        self._checkpoint = Checkpoint(options.checkpoint_path)
+        self._cdi = (
+            CDISpecs(options.cdi_dir, options.driver_name, options.cdi_class)
+            if options.cdi_dir is not None
+            else None
+        )
+        self._shared = options.pod_uid is not None
+        self._lock = asyncio.Lock()
+        self._state_lock = asyncio.Lock()
+        self._serialize_flock = FileLock(options.lock_path) if self._shared else None
+        self._state_flock = FileLock(options.checkpoint_path + ".lock") if self._shared else None
+        self._claims: dict[str, ClaimEntry] = {}
+        self._counter = _make_counter(options)
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        return self._checkpoint
+
+    @property
+    def cdi(self) -> CDISpecs | None:
+        return self._cdi
+
+    def prepared_claims(self) -> dict[str, ClaimEntry]:
+        """A copy of the checkpointed claims as last read or written."""
+        return dict(self._claims)
+
+    async def load(self) -> None:
+        os.makedirs(self._options.effective_state_dir, exist_ok=True)
+        self._claims = await asyncio.to_thread(self._checkpoint.load)
+        if self._cdi is not None:
+            await asyncio.to_thread(self._cdi.regenerate, self._claims)
+
+    # -- prepare -----------------------------------------------------------
+
+    async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        """Prepare ``refs``; one result per distinct claim UID, never raises for a claim."""
+        unique = list({r.uid: r for r in refs}.values())
+        fetched = await asyncio.gather(*(self._fetch(r) for r in unique))
+        out: dict[str, PrepareResult] = {}
+        todo: list[PreparedClaimRequest] = []
+        for ref, got in zip(unique, fetched, strict=True):
+            if isinstance(got, ClaimError):
+                out[ref.uid] = PrepareResult(error=got)
+            elif not got.results:
+                out[ref.uid] = PrepareResult.ok([])
+            else:
+                todo.append(got)
+        if todo:
+            async with self._serialized():
+                out.update(await self._prepare_locked(todo))
+        for ref in unique:
+            result = out[ref.uid]
+            self._count("prepare", result.error)
+            if result.error is not None:
+                log.warning("prepare of claim %s failed: %s", ref, result.error.message)
+                await self._maybe_device_fault(result.error)
+        return out
+
+    async def _fetch(self, ref: ClaimRef) -> PreparedClaimRequest | ClaimError:
+        where = f"ResourceClaim {ref.namespace}/{ref.name}"
+        if self._client is None:
+            return ClaimError(f"no Kubernetes API access configured; cannot fetch {where}")
+        try:
+            claim = await self._client.get(ResourceClaim, ref.name, namespace=ref.namespace)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return ClaimError(f"{where} not found (uid {ref.uid})")
+            return ClaimError(f"fetching {where}: {exc.status.message or exc}")
+        except Exception as exc:
+            return _as_claim_error(exc, f"fetching {where}")
+        got_uid = claim.metadata.uid if claim.metadata else None
+        if got_uid != ref.uid:
+            return ClaimError(f"claim {ref} got replaced: the API server has uid {got_uid}")
+        if claim.status is None or claim.status.allocation is None:
+            return ClaimError(f"claim {ref} is not allocated")
+        return PreparedClaimRequest(claim, resolve_results(claim, self._options.driver_name))
+
+    async def _prepare_locked(
+        self, claims: Sequence[PreparedClaimRequest]
+    ) -> dict[str, PrepareResult]:
+        out: dict[str, PrepareResult] = {}
+        replay: dict[str, ClaimEntry] = {}
+        call: list[PreparedClaimRequest] = []
+
+        def plan(state: dict[str, ClaimEntry]) -> bool:
+            for c in claims:
+                entry = state.get(c.uid)
+                if entry is not None and entry.state is ClaimState.PREPARE_COMPLETED:
+                    replay[c.uid] = entry
+                    continue
+                conflict = find_conflict(c.uid, c.results, state)
+                if conflict is not None:
+                    out[c.uid] = PrepareResult(error=conflict)
+                    continue
+                state[c.uid] = ClaimEntry(
+                    c.namespace,
+                    c.name,
+                    ClaimState.PREPARE_STARTED,
+                    tuple(
+                        CheckpointDevice(
+                            pool=r.pool,
+                            device=r.device,
+                            requests=(r.request,),
+                            share_id=r.share_id,
+                            admin_access=r.admin_access,
+                        )
+                        for r in c.results
+                    ),
+                )
+                call.append(c)
+            return bool(call)
+
+        try:
+            await self._mutate(plan)
+        except (OSError, CheckpointError) as exc:
+            err = _as_claim_error(exc, "recording prepare in the checkpoint")
+            return {c.uid: PrepareResult(error=err) for c in claims}
+
+        for uid, entry in replay.items():
+            out[uid] = await self._replay(uid, entry)
+        if not call:
+            return out
+
+        answers = await self._call_driver_prepare(call)
+        completed: dict[str, ClaimEntry] = {}
+        for c in call:
+            result = answers.get(c.uid)
+            if result is None:
+                out[c.uid] = PrepareResult.failed(f"driver returned no result for claim {c.ref}")
+            elif result.error is not None:
+                out[c.uid] = PrepareResult(error=result.error)
+            elif result.devices is None:
+                out[c.uid] = PrepareResult.failed(
+                    f"driver returned neither devices nor an error for claim {c.ref}"
+                )
+            else:
+                done = await self._complete(c, result.devices)
+                if isinstance(done, ClaimError):
+                    out[c.uid] = PrepareResult(error=done)
+                else:
+                    completed[c.uid] = done
+                    out[c.uid] = PrepareResult.ok(_reply_devices(done))
+        if completed:
+
+            def finish(state: dict[str, ClaimEntry]) -> bool:
+                state.update(completed)
+                return True
+
+            try:
+                await self._mutate(finish)
+            except (OSError, CheckpointError) as exc:
+                err = _as_claim_error(exc, "recording prepared devices in the checkpoint")
+                for uid in completed:
+                    out[uid] = PrepareResult(error=err)
+        return out
+
+    async def _call_driver_prepare(
+        self, claims: Sequence[PreparedClaimRequest]
+    ) -> Mapping[str, PrepareResult]:
+        try:
+            return await self._driver.prepare(claims)
+        except Exception as exc:
+            log.exception("driver prepare failed for %d claim(s)", len(claims))
+            err = _as_claim_error(exc, "driver prepare failed")
+            return {c.uid: PrepareResult(error=err) for c in claims}
+
+    async def _complete(
+        self, claim: PreparedClaimRequest, devices: Sequence[PreparedDevice]
+    ) -> ClaimEntry | ClaimError:
+        recorded = tuple(
+            CheckpointDevice(
+                pool=d.pool,
+                device=d.device,
+                requests=tuple(d.requests),
+                cdi_device_ids=tuple(d.cdi_device_ids),
+                share_id=d.share_id,
+                admin_access=_admin_access(claim.results, d),
+            )
+            for d in devices
+        )
+        if self._cdi is not None:
+            try:
+                ids = await asyncio.to_thread(self._cdi.write, claim.uid, recorded)
+            except OSError as exc:
+                return _as_claim_error(exc, f"writing CDI spec for claim {claim.ref}")
+            recorded = tuple(
+                CheckpointDevice(
+                    pool=d.pool,
+                    device=d.device,
+                    requests=d.requests,
+                    cdi_device_ids=(*d.cdi_device_ids, cdi_id),
+                    share_id=d.share_id,
+                    admin_access=d.admin_access,
+                )
+                for d, cdi_id in zip(recorded, ids, strict=True)
+            )
+        return ClaimEntry(claim.namespace, claim.name, ClaimState.PREPARE_COMPLETED, recorded)
+
+    async def _replay(self, uid: str, entry: ClaimEntry) -> PrepareResult:
+        if self._cdi is not None and entry.devices and not self._cdi.exists(uid):
+            try:
+                await asyncio.to_thread(self._cdi.write, uid, entry.devices)
+            except OSError as exc:
+                return PrepareResult(error=_as_claim_error(exc, f"rewriting CDI spec of {uid}"))
+        return PrepareResult.ok(_reply_devices(entry))
+
+    # -- unprepare ---------------------------------------------------------
+
+    async def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, ClaimError | None]:
+        """Unprepare ``refs``; one entry per distinct claim UID (``None`` = success)."""
+        unique = list({r.uid: r for r in refs}.values())
+        out: dict[str, ClaimError | None] = {}
+        if unique:
+            async with self._serialized():
+                out = await self._unprepare_locked(unique)
+        for ref in unique:
+            self._count("unprepare", out[ref.uid])
+            err = out[ref.uid]
+            if err is not None:
+                log.warning("unprepare of claim %s failed: %s", ref, err.message)
+        return out
+
+    async def _unprepare_locked(self, refs: Sequence[ClaimRef]) -> dict[str, ClaimError | None]:
+        out: dict[str, ClaimError | None] = {}
+        try:
+            answers: Mapping[str, Exception | None] = await self._driver.unprepare(refs)
+        except Exception as exc:
+            log.exception("driver unprepare failed for %d claim(s)", len(refs))
+            answers = {r.uid: exc for r in refs}
+        done: list[str] = []
+        for ref in refs:
+            if ref.uid not in answers:
+                out[ref.uid] = ClaimError(f"driver returned no result for claim {ref}")
+                continue
+            answer = answers[ref.uid]
+            if answer is not None:
+                out[ref.uid] = _as_claim_error(answer, "driver unprepare failed")
+                continue
+            if self._cdi is not None:
+                try:
+                    await asyncio.to_thread(self._cdi.remove, ref.uid)
+                except OSError as exc:
+                    out[ref.uid] = _as_claim_error(exc, f"removing CDI spec of claim {ref}")
+                    continue
+            out[ref.uid] = None
+            done.append(ref.uid)
+
+        def forget(state: dict[str, ClaimEntry]) -> bool:
+            changed = False
+            for uid in done:
+                changed = state.pop(uid, None) is not None or changed
+            return changed
+
+        if done:
+            try:
+                await self._mutate(forget)
+            except (OSError, CheckpointError) as exc:
+                err = _as_claim_error(exc, "removing claims from the checkpoint")
+                out.update(dict.fromkeys(done, err))
+        return out
+
+    # -- plumbing ----------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _serialized(self) -> AsyncIterator[None]:
+        if not self._options.serialize:
+            yield
+            return
+        async with self._lock:
+            if self._serialize_flock is None:
+                yield
+                return
+            async with self._serialize_flock:
+                yield
+
+    async def _mutate(self, change: Callable[[dict[str, ClaimEntry]], bool]) -> None:
+        """Apply ``change`` to the checkpointed claims and save if it returns True.
+
+        One transaction: in-process lock, plus an flock and a re-read of the file when
+        rolling-update instances share it.
+        """
+        async with self._state_lock, contextlib.AsyncExitStack() as stack:
+            if self._state_flock is not None:
+                await stack.enter_async_context(self._state_flock)
+                self._claims = await asyncio.to_thread(self._checkpoint.load)
+            state = dict(self._claims)
+            if change(state):
+                await asyncio.to_thread(self._checkpoint.save, state)
+                self._claims = state
+
+    async def _maybe_device_fault(self, error: ClaimError) -> None:
+        callback = self._options.on_device_fault
+        if callback is None or error.kind is not ErrorKind.PERMANENT_DEVICE:
+            return
+        if error.device is None:
+            log.warning("permanent device error without a device; nothing to report: %s", error)
+            return
+        pool, device = error.device
+        try:
+            ret = callback(pool, device, error.message)
+            if inspect.isawaitable(ret):
+                await ret
+        except Exception:
+            log.exception("on_device_fault(%s, %s) failed", pool, device)
+
+    def _count(self, operation: str, error: ClaimError | None) -> None:
+        if self._counter is not None:
+            outcome = "ok" if error is None else error.kind.value
+            self._counter.labels(self._options.driver_name, operation, outcome).inc()
+
+
+def _admin_access(results: Sequence[AllocationResult], device: PreparedDevice) -> bool:
+    return any(
+        r.admin_access
+        for r in results
+        if (r.pool, r.device) == (device.pool, device.device)
+        and (device.share_id is None or r.share_id == device.share_id)
+    )
+
+
+def _reply_devices(entry: ClaimEntry) -> list[PreparedDevice]:
+    return [
+        PreparedDevice(
+            requests=strip_subrequests(d.requests),
+            pool=d.pool,
+            device=d.device,
+            cdi_device_ids=list(d.cdi_device_ids),
+            share_id=d.share_id,
+        )
+        for d in entry.devices
+    ]
+
+
+def _make_counter(options: PluginOptions) -> Counter | None:
+    if options.metrics_registry is None:
+        return None
+    from prometheus_client import Counter
+
+    return Counter(
+        "drahealth_driver_claim_operations",
+        "NodePrepare/NodeUnprepare outcomes per claim (outcome: ok or the error kind).",
+        ["driver", "operation", "outcome"],
+        registry=options.metrics_registry,
+    )
