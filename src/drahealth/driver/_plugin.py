@@ -83,6 +83,37 @@ def _ref(claim: Any) -> ClaimRef:
     return ClaimRef(namespace=claim.namespace, name=claim.name, uid=claim.uid)
 
 
+async def _prepare_reply(server: DRAPluginServer, pb: Any, claims: Sequence[Any]) -> Any:
+    """Build a ``NodePrepareResourcesResponse`` of the version module ``pb``.
+
+    ``share_id`` is set only where the version has the field (v1).
+    """
+    has_share_id = "share_id" in pb.Device.DESCRIPTOR.fields_by_name
+    resp = pb.NodePrepareResourcesResponse()
+    for uid, result in (await server.prepare(claims)).items():
+        out = resp.claims[uid]
+        if result.error is not None:
+            out.error = server.error_text(result)
+            continue
+        for d in result.devices or ():
+            dev = out.devices.add(
+                request_names=d.requests,
+                pool_name=d.pool,
+                device_name=d.device,
+                cdi_device_ids=d.cdi_device_ids,
+            )
+            if has_share_id and d.share_id is not None:
+                dev.share_id = d.share_id
+    return resp
+
+
+async def _unprepare_reply(server: DRAPluginServer, pb: Any, claims: Sequence[Any]) -> Any:
+    resp = pb.NodeUnprepareResourcesResponse()
+    for uid, error in (await server.unprepare(claims)).items():
+        resp.claims[uid].error = error
+    return resp
+
+
 class _V1Servicer(api.dra_v1_grpc.DRAPluginServicer):
     def __init__(self, server: DRAPluginServer) -> None:
         self._s = server
@@ -90,30 +121,16 @@ class _V1Servicer(api.dra_v1_grpc.DRAPluginServicer):
     async def NodePrepareResources(
         self, request: api.dra_v1.NodePrepareResourcesRequest, context: _Context
     ) -> api.dra_v1.NodePrepareResourcesResponse:
-        resp = api.dra_v1.NodePrepareResourcesResponse()
-        for uid, result in (await self._s.prepare(request.claims)).items():
-            out = resp.claims[uid]
-            if result.error is not None:
-                out.error = self._s.error_text(result)
-                continue
-            for d in result.devices or ():
-                dev = out.devices.add(
-                    request_names=d.requests,
-                    pool_name=d.pool,
-                    device_name=d.device,
-                    cdi_device_ids=d.cdi_device_ids,
-                )
-                if d.share_id is not None:
-                    dev.share_id = d.share_id
-        return resp
+        reply: api.dra_v1.NodePrepareResourcesResponse
+        reply = await _prepare_reply(self._s, api.dra_v1, request.claims)
+        return reply
 
     async def NodeUnprepareResources(
         self, request: api.dra_v1.NodeUnprepareResourcesRequest, context: _Context
     ) -> api.dra_v1.NodeUnprepareResourcesResponse:
-        resp = api.dra_v1.NodeUnprepareResourcesResponse()
-        for uid, error in (await self._s.unprepare(request.claims)).items():
-            resp.claims[uid].error = error
-        return resp
+        reply: api.dra_v1.NodeUnprepareResourcesResponse
+        reply = await _unprepare_reply(self._s, api.dra_v1, request.claims)
+        return reply
 
 
 class _V1beta1Servicer(api.dra_v1beta1_grpc.DRAPluginServicer):
@@ -123,28 +140,16 @@ class _V1beta1Servicer(api.dra_v1beta1_grpc.DRAPluginServicer):
     async def NodePrepareResources(
         self, request: api.dra_v1beta1.NodePrepareResourcesRequest, context: _Context
     ) -> api.dra_v1beta1.NodePrepareResourcesResponse:
-        resp = api.dra_v1beta1.NodePrepareResourcesResponse()
-        for uid, result in (await self._s.prepare(request.claims)).items():
-            out = resp.claims[uid]
-            if result.error is not None:
-                out.error = self._s.error_text(result)
-                continue
-            for d in result.devices or ():
-                out.devices.add(
-                    request_names=d.requests,
-                    pool_name=d.pool,
-                    device_name=d.device,
-                    cdi_device_ids=d.cdi_device_ids,
-                )
-        return resp
+        reply: api.dra_v1beta1.NodePrepareResourcesResponse
+        reply = await _prepare_reply(self._s, api.dra_v1beta1, request.claims)
+        return reply
 
     async def NodeUnprepareResources(
         self, request: api.dra_v1beta1.NodeUnprepareResourcesRequest, context: _Context
     ) -> api.dra_v1beta1.NodeUnprepareResourcesResponse:
-        resp = api.dra_v1beta1.NodeUnprepareResourcesResponse()
-        for uid, error in (await self._s.unprepare(request.claims)).items():
-            resp.claims[uid].error = error
-        return resp
+        reply: api.dra_v1beta1.NodeUnprepareResourcesResponse
+        reply = await _unprepare_reply(self._s, api.dra_v1beta1, request.claims)
+        return reply
 
 
 class RegistrationServer(api.registration_grpc.RegistrationServicer):
