@@ -18,6 +18,8 @@ from drahealth import __version__
 COMMANDS: dict[str, str] = {
     "apiserver": "drahealth.controlplane.cli:apiserver_command",
     "demo": "drahealth.cli.demo:demo_command",
+    "driver": "drahealth.driver.cli:driver_command",
+    "inject": "drahealth.driver.cli:inject_command",
 }
 
 

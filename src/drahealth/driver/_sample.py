@@ -1,0 +1,482 @@
+"""The sample driver: simulated device profiles wired to every piece of the toolkit.
+
+Owns the two profiles modelled on dra-example-driver (reference/driver-side.md 2):
+
+* ``sim-gpu``: ``gpu-<i>`` devices in pool = node name, attributes ``index``, ``uuid``
+  (deterministic from node and index), ``model``, ``driverVersion``, capacity
+  ``memory`` 80Gi. With ``partitions`` > 0 (like ``GPU_PARTITIONS``) each GPU gets a
+  counter set ``gpu-<i>-counters`` (published in a counters-only slice) and devices
+  ``gpu-<i>-full`` plus ``gpu-<i>-partition-<j>`` consuming its ``memory`` counter.
+* ``sim-nic``: ``nic-<i>`` devices with ``allowMultipleAllocations: true`` and
+  capacities ``vfs`` and ``ingressBandwidth``/``egressBandwidth`` with request policies.
+
+Also owns :class:`SampleDriver` (prepare answers the allocated devices, with no side
+effects; the toolkit adds CDI ids; a device latched Unhealthy in the hub fails with a
+``PERMANENT_DEVICE`` error), :class:`SimulatedHealthSource` (every device Healthy,
+re-reported as a heartbeat) and :class:`SampleDriverApp`, which assembles hub, plugin,
+control socket, metrics and (with API access) ResourceSlice publisher and taints.
+The CLI (``cli``) only parses options and prints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from lightkube import AsyncClient
+from lightkube.models.resource_v1 import (
+    CapacityRequestPolicy,
+    CapacityRequestPolicyRange,
+    Counter,
+    CounterSet,
+    Device,
+    DeviceAttribute,
+    DeviceCapacity,
+    DeviceCounterConsumption,
+)
+
+from drahealth.core import Health
+from drahealth.driver._control import ControlServer, control_socket_path
+from drahealth.driver._hub import DeviceReport, HealthHub
+from drahealth.driver._metrics import DriverMetrics, MetricsServer
+from drahealth.driver._plugin import PluginHandle, start
+from drahealth.driver._publisher import ResourceSlicePublisher
+from drahealth.driver._slices import DriverResources, Pool, split_pool
+from drahealth.driver._taints import TaintController, TaintPolicy, TaintStore
+from drahealth.driver._types import (
+    ClaimRef,
+    ErrorKind,
+    PluginOptions,
+    PreparedClaimRequest,
+    PreparedDevice,
+    PrepareResult,
+)
+
+__all__ = [
+    "DEFAULT_DRIVER_NAMES",
+    "NO_KUBECONFIG_MESSAGE",
+    "PREPARE_FAULT_SOURCE",
+    "PROFILES",
+    "SIM_SOURCE",
+    "TAINT_STORE_NAME",
+    "SampleDriver",
+    "SampleDriverApp",
+    "SampleDriverConfig",
+    "SimulatedHealthSource",
+    "build_resources",
+    "device_uuid",
+    "sim_gpu_pool",
+    "sim_nic_pool",
+]
+
+log = logging.getLogger(__name__)
+
+PROFILES = ("sim-gpu", "sim-nic")
+DEFAULT_DRIVER_NAMES = {"sim-gpu": "gpu.example.com", "sim-nic": "nic.example.com"}
+#: Hub source of the simulated health source and of permanent faults seen by prepare.
+SIM_SOURCE = "sim"
+PREPARE_FAULT_SOURCE = "prepare"
+#: File of the persisted health taints inside the state directory.
+TAINT_STORE_NAME = "device-taints.json"
+NO_KUBECONFIG_MESSAGE = (
+    "no --kubeconfig: ResourceSlices are not published and claims cannot be fetched"
+)
+
+_UUID_NAMESPACE = uuid.UUID("6f1c1d2e-5b0a-4c57-9a3e-7d0c2b9f4e11")
+_GPU_MEMORY_MI = 80 * 1024
+_GPU_MODEL = "SIM-GPU-80G"
+_NIC_MODEL = "SIM-NIC-100G"
+_DRIVER_VERSION = "1.0.0"
+
+
+# --------------------------------------------------------------------------- profiles
+
+
+def device_uuid(node: str, device: str) -> str:
+    """A stable UUID string for ``device`` on ``node`` (same inputs, same UUID)."""
+    return str(uuid.uuid5(_UUID_NAMESPACE, f"{node}/{device}"))
+
+
+def _attrs(**values: DeviceAttribute) -> dict[str, DeviceAttribute]:
+    return dict(values)
+
+
+def _gpu_attributes(node: str, index: int, name: str) -> dict[str, DeviceAttribute]:
+    return _attrs(
+        index=DeviceAttribute(int=index),
+        uuid=DeviceAttribute(string=f"gpu-{device_uuid(node, name)}"),
+        model=DeviceAttribute(string=_GPU_MODEL),
+        driverVersion=DeviceAttribute(version=_DRIVER_VERSION),
+    )
+
+
+def sim_gpu_pool(node: str, devices: int = 8, partitions: int = 0) -> Pool:
+    """The ``sim-gpu`` pool of ``node`` (see the module docstring)."""
+    if devices < 0 or partitions < 0:
+        raise ValueError("devices and partitions must not be negative")
+    if not partitions:
+        return Pool(
+            devices=[
+                Device(
+                    name=f"gpu-{i}",
+                    attributes=_gpu_attributes(node, i, f"gpu-{i}"),
+                    capacity={"memory": DeviceCapacity(value="80Gi")},
+                )
+                for i in range(devices)
+            ]
+        )
+    share = f"{_GPU_MEMORY_MI // partitions}Mi"
+    counter_sets: list[CounterSet] = []
+    out: list[Device] = []
+    for i in range(devices):
+        counters = f"gpu-{i}-counters"
+        counter_sets.append(CounterSet(name=counters, counters={"memory": Counter(value="80Gi")}))
+        out.append(
+            Device(
+                name=f"gpu-{i}-full",
+                attributes=_gpu_attributes(node, i, f"gpu-{i}"),
+                capacity={"memory": DeviceCapacity(value="80Gi")},
+                consumesCounters=[
+                    DeviceCounterConsumption(
+                        counterSet=counters, counters={"memory": Counter(value="80Gi")}
+                    )
+                ],
+            )
+        )
+        for j in range(partitions):
+            name = f"gpu-{i}-partition-{j}"
+            attributes = _gpu_attributes(node, i, name)
+            attributes["partition"] = DeviceAttribute(int=j)
+            out.append(
+                Device(
+                    name=name,
+                    attributes=attributes,
+                    capacity={"memory": DeviceCapacity(value=share)},
+                    consumesCounters=[
+                        DeviceCounterConsumption(
+                            counterSet=counters, counters={"memory": Counter(value=share)}
+                        )
+                    ],
+                )
+            )
+    return Pool(devices=out, shared_counters=counter_sets)
+
+
+def _bandwidth() -> DeviceCapacity:
+    return DeviceCapacity(
+        value="100G",
+        requestPolicy=CapacityRequestPolicy(
+            default="1G",
+            validRange=CapacityRequestPolicyRange(min="100M", max="100G", step="1M"),
+        ),
+    )
+
+
+def sim_nic_pool(node: str, devices: int = 8) -> Pool:
+    """The ``sim-nic`` pool of ``node``: shareable NICs with bandwidth capacities."""
+    if devices < 0:
+        raise ValueError("devices must not be negative")
+    out = []
+    for i in range(devices):
+        digest = uuid.uuid5(_UUID_NAMESPACE, f"{node}/nic-{i}").bytes
+        mac = "02:" + ":".join(f"{b:02x}" for b in digest[:5])
+        out.append(
+            Device(
+                name=f"nic-{i}",
+                allowMultipleAllocations=True,
+                attributes=_attrs(
+                    index=DeviceAttribute(int=i),
+                    mac=DeviceAttribute(string=mac),
+                    model=DeviceAttribute(string=_NIC_MODEL),
+                    driverVersion=DeviceAttribute(version=_DRIVER_VERSION),
+                ),
+                capacity={
+                    "vfs": DeviceCapacity(
+                        value="8",
+                        requestPolicy=CapacityRequestPolicy(default="1", validValues=["1"]),
+                    ),
+                    "ingressBandwidth": _bandwidth(),
+                    "egressBandwidth": _bandwidth(),
+                },
+            )
+        )
+    return Pool(devices=out)
+
+
+def build_resources(
+    profile: str, node: str, devices: int = 8, partitions: int = 0
+) -> DriverResources:
+    """The driver's resources for ``profile``: one pool named after the node.
+
+    Validated against every ResourceSlice limit (``SliceValidationError``).
+    """
+    if profile == "sim-gpu":
+        pool = sim_gpu_pool(node, devices, partitions)
+    elif profile == "sim-nic":
+        if partitions:
+            raise ValueError("--partitions applies to the sim-gpu profile only")
+        pool = sim_nic_pool(node, devices)
+    else:
+        raise ValueError(f"unknown profile {profile!r}; expected one of {', '.join(PROFILES)}")
+    split_pool(node, pool)  # validate now, with or without API access
+    return DriverResources({node: pool})
+
+
+# --------------------------------------------------------------------------- driver
+
+
+class SampleDriver:
+    """Prepares the allocated devices of each claim with no side effects.
+
+    A result naming a device this driver does not publish fails the claim
+    (``PERMANENT_CONFIG``); a device whose health is latched Unhealthy in ``hub``
+    fails it with ``PERMANENT_DEVICE`` (the simulated hardware refuses to set up).
+    ``prepare_delay`` seconds of sleep at the start of each prepare call make a
+    crash mid-prepare easy to provoke in tests.
+    """
+
+    def __init__(
+        self,
+        devices: Iterable[tuple[str, str]],
+        hub: HealthHub | None = None,
+        *,
+        prepare_delay: float = 0.0,
+    ) -> None:
+        self.devices = frozenset(devices)
+        self.hub = hub
+        self.prepare_delay = prepare_delay
+
+    async def prepare(self, claims: Sequence[PreparedClaimRequest]) -> Mapping[str, PrepareResult]:
+        if self.prepare_delay > 0:
+            await asyncio.sleep(self.prepare_delay)
+        return {c.uid: self._prepare_one(c) for c in claims}
+
+    def _prepare_one(self, claim: PreparedClaimRequest) -> PrepareResult:
+        devices: list[PreparedDevice] = []
+        for r in claim.results:
+            key = (r.pool, r.device)
+            if key not in self.devices:
+                return PrepareResult.failed(
+                    f"device {r.pool}/{r.device} of claim {claim.ref} is not a device of "
+                    "this driver on this node",
+                    ErrorKind.PERMANENT_CONFIG,
+                )
+            if self.hub is not None:
+                state = self.hub.state(*key)
+                if state.health is Health.UNHEALTHY and state.sticky:
+                    return PrepareResult.failed(
+                        f"simulated hardware error: device {r.pool}/{r.device} is faulty "
+                        f"({state.message})",
+                        ErrorKind.PERMANENT_DEVICE,
+                        device=key,
+                    )
+            devices.append(PreparedDevice([r.request], r.pool, r.device, share_id=r.share_id))
+        return PrepareResult.ok(devices)
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, Exception | None]:
+        return {c.uid: None for c in claims}
+
+
+class SimulatedHealthSource:
+    """Reports every device Healthy from source ``"sim"`` now and every ``interval``
+    seconds (a source's heartbeat; unchanged reports cost the hub nothing)."""
+
+    def __init__(self, hub: HealthHub, devices: Iterable[tuple[str, str]], interval: float) -> None:
+        self.hub = hub
+        self.devices = list(devices)
+        self.interval = interval
+        self.reports = 0
+
+    def report(self) -> None:
+        self.hub.submit(SIM_SOURCE, [DeviceReport(p, d, Health.HEALTHY) for p, d in self.devices])
+        self.reports += 1
+
+    async def run(self) -> None:
+        while True:
+            self.report()
+            await asyncio.sleep(self.interval)
+
+
+# --------------------------------------------------------------------------- app
+
+
+@dataclass(frozen=True)
+class SampleDriverConfig:
+    """Everything ``drahealth driver`` takes (see ``docs/driver.md``)."""
+
+    profile: str
+    driver_name: str
+    node_name: str
+    registry_dir: str
+    plugins_dir: str
+    cdi_dir: str | None
+    state_dir: str | None = None
+    kubeconfig: str | None = None
+    devices: int = 8
+    health_timeout: int = 30
+    pod_uid: str | None = None
+    metrics_port: int | None = None
+    partitions: int = 0
+    prepare_delay: float = 0.0
+
+
+class SampleDriverApp:
+    """The assembled sample driver; ``start()``, then ``wait()`` or ``stop()``.
+
+    ``say`` receives the lines meant for the operator (``ready: ...`` and so on).
+    """
+
+    def __init__(self, config: SampleDriverConfig, *, say: Callable[[str], None] = print) -> None:
+        self.config = config
+        self.say = say
+        self.resources = build_resources(
+            config.profile, config.node_name, config.devices, config.partitions
+        )
+        self.device_ids = [
+            (pool_name, d.name)
+            for pool_name, pool in self.resources.pools.items()
+            for d in pool.devices
+        ]
+        self.hub = HealthHub(self.device_ids, default_timeout_seconds=config.health_timeout)
+        self.metrics = DriverMetrics(config.driver_name)
+        self.source = SimulatedHealthSource(
+            self.hub, self.device_ids, max(0.05, config.health_timeout / 3)
+        )
+        self.driver = SampleDriver(self.device_ids, self.hub, prepare_delay=config.prepare_delay)
+        self.client: AsyncClient | None = None
+        self.handle: PluginHandle | None = None
+        self.control: ControlServer | None = None
+        self.metrics_server: MetricsServer | None = None
+        self.publisher: ResourceSlicePublisher | None = None
+        self.taints: TaintController | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._unwatch: Callable[[], None] | None = None
+        self._stop = asyncio.Event()
+
+    @property
+    def options(self) -> PluginOptions:
+        c = self.config
+        return PluginOptions(
+            c.driver_name,
+            node_name=c.node_name,
+            registry_dir=c.registry_dir,
+            plugins_dir=c.plugins_dir,
+            cdi_dir=c.cdi_dir,
+            state_dir=c.state_dir,
+            pod_uid=c.pod_uid,
+            kube_client=self.client,
+            on_device_fault=self._on_device_fault,
+            metrics_registry=self.metrics.registry,
+        )
+
+    def _on_device_fault(self, pool: str, device: str, message: str) -> None:
+        log.warning("permanent fault of device %s/%s seen by prepare: %s", pool, device, message)
+        self.hub.submit(
+            PREPARE_FAULT_SOURCE, [DeviceReport(pool, device, Health.UNHEALTHY, message, True)]
+        )
+
+    async def start(self) -> None:
+        """Start everything; prints ``ready: <registrar socket>`` once served."""
+        c = self.config
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+        if self.client is None:
+            self.say(NO_KUBECONFIG_MESSAGE)
+        if self.metrics_server is not None:
+            self.say(f"metrics: {self.metrics_server.url}")
+        assert self.handle is not None and self.control is not None
+        self.say(f"control: {self.control.path}")
+        log.info("sample driver %s (%s) on node %s started", c.driver_name, c.profile, c.node_name)
+        self.say(f"ready: {self.handle.registrar_socket}")
+
+    async def _start(self) -> None:
+        c = self.config
+        self.source.report()  # every device Healthy before the first stream opens
+        self._unwatch = self.metrics.watch_hub(self.hub)
+        if c.kubeconfig is not None:
+            from drahealth.kube import make_client
+
+            self.client = make_client(c.kubeconfig)
+        options = self.options
+        self.handle = await start(self.metrics.instrument(self.driver), options, health=self.hub)
+        self.control = ControlServer(self.hub, control_socket_path(options.effective_state_dir))
+        await self.control.start()
+        if c.metrics_port is not None:
+            self.metrics_server = MetricsServer(self.metrics.registry)
+            await self.metrics_server.start("127.0.0.1", c.metrics_port)
+        if self.client is not None:
+            self.publisher = ResourceSlicePublisher(self.client, c.driver_name, c.node_name)
+            self.metrics.watch_publisher(self.publisher)
+            self.publisher.publish(self.resources)
+            self.taints = TaintController(
+                self.hub,
+                TaintPolicy(c.driver_name),
+                self.publisher.set_device_taints,
+                store=TaintStore(os.path.join(options.effective_state_dir, TAINT_STORE_NAME)),
+            )
+            await self.taints.start()
+        self._tasks.append(asyncio.create_task(self.source.run(), name="sim-health"))
+
+    def request_stop(self) -> None:
+        """Ask :meth:`wait` to return (signal-handler safe)."""
+        self._stop.set()
+
+    async def wait(self) -> None:
+        """Return when :meth:`request_stop` was called or the plugin stopped."""
+        assert self.handle is not None
+        stop = asyncio.ensure_future(self._stop.wait())
+        done = asyncio.ensure_future(self.handle.wait())
+        try:
+            await asyncio.wait([stop, done], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            done.cancel()
+
+    async def stop(self) -> None:
+        """Stop everything: streams end, sockets are removed. Idempotent."""
+        self.hub.close()
+        if self.handle is not None:
+            await self.handle.stop()
+        if self.control is not None:
+            await self.control.close()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self.taints is not None:
+            await self.taints.stop()
+        if self.publisher is not None:
+            await self.publisher.stop()
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
+        if self.client is not None:
+            await self.client.close()
+            self.client = None
+
+    async def run(self) -> None:
+        """Start, serve until SIGTERM/SIGINT (or the plugin stops), then stop."""
+        loop = asyncio.get_running_loop()
+        signals = (signal.SIGTERM, signal.SIGINT)
+        for sig in signals:
+            loop.add_signal_handler(sig, self.request_stop)
+        try:
+            await self.start()
+            await self.wait()
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+            await self.stop()

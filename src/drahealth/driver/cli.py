@@ -1,0 +1,191 @@
+"""The ``drahealth driver`` and ``drahealth inject`` commands.
+
+``driver_command`` runs the sample driver (``_sample.SampleDriverApp``) in the
+foreground; ``inject_command`` sends one fault-injection request to a running driver
+over its control socket (``_control``). This module only parses options, prints, and
+turns errors into exit codes: 0 on success, 1 when the driver could not start or
+refused/missed the request, 2 for usage errors (click).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+
+import click
+
+from drahealth import api
+from drahealth.driver._control import ACTIONS, ControlError, control_socket_path, request_sync
+from drahealth.driver._sample import (
+    DEFAULT_DRIVER_NAMES,
+    PROFILES,
+    SampleDriverApp,
+    SampleDriverConfig,
+)
+from drahealth.driver._types import DEFAULT_CDI_DIR, CheckpointError
+
+__all__ = ["driver_command", "inject_command"]
+
+
+def _say(line: str) -> None:
+    click.echo(line)  # click.echo flushes
+
+
+@click.command("driver")
+@click.option(
+    "--profile",
+    type=click.Choice(PROFILES),
+    default="sim-gpu",
+    show_default=True,
+    help="Simulated device profile.",
+)
+@click.option(
+    "--driver-name",
+    default=None,
+    help="DRA driver name [default: gpu.example.com for sim-gpu, nic.example.com for sim-nic].",
+)
+@click.option(
+    "--node-name",
+    envvar="NODE_NAME",
+    default=socket.gethostname,
+    show_default="$NODE_NAME or the host name",
+    help="Node name; also the pool name.",
+)
+@click.option(
+    "--registry-dir",
+    default=api.KUBELET_REGISTRY_DIR,
+    show_default=True,
+    help="Kubelet plugin registry directory (registration socket).",
+)
+@click.option(
+    "--plugins-dir",
+    default=api.KUBELET_PLUGINS_DIR,
+    show_default=True,
+    help="Parent of the plugin data dir <plugins-dir>/<driver> (DRA socket).",
+)
+@click.option(
+    "--cdi-dir", default=DEFAULT_CDI_DIR, show_default=True, help="Where CDI specs are written."
+)
+@click.option(
+    "--state-dir",
+    default=None,
+    help="Checkpoint, taint store and control socket [default: <plugins-dir>/<driver>].",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="API access: fetch claims, publish ResourceSlices and taints.",
+)
+@click.option(
+    "--devices", type=click.IntRange(min=0), default=8, show_default=True, help="Device count."
+)
+@click.option(
+    "--health-timeout",
+    type=click.IntRange(min=1),
+    default=api.DEFAULT_HEALTH_TIMEOUT_SECONDS,
+    show_default=True,
+    help="health_check_timeout_seconds sent per device; streams re-send every third of it.",
+)
+@click.option(
+    "--pod-uid",
+    envvar="POD_UID",
+    default=None,
+    help="Rolling-update mode: socket names carry this pod UID ($POD_UID).",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics (0 picks a free port).",
+)
+@click.option(
+    "--partitions",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="sim-gpu: partitions per GPU (shared counters); 0 = whole GPUs only.",
+)
+@click.option(
+    "--prepare-delay",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Seconds each prepare call sleeps (to test crashes mid-prepare).",
+)
+def driver_command(
+    profile: str,
+    driver_name: str | None,
+    node_name: str,
+    registry_dir: str,
+    plugins_dir: str,
+    cdi_dir: str,
+    state_dir: str | None,
+    kubeconfig: str | None,
+    devices: int,
+    health_timeout: int,
+    pod_uid: str | None,
+    metrics_port: int | None,
+    partitions: int,
+    prepare_delay: float,
+) -> None:
+    """Run the sample DRA driver with simulated devices until SIGTERM/SIGINT."""
+    config = SampleDriverConfig(
+        profile=profile,
+        driver_name=driver_name or DEFAULT_DRIVER_NAMES[profile],
+        node_name=node_name,
+        registry_dir=os.path.abspath(registry_dir),
+        plugins_dir=os.path.abspath(plugins_dir),
+        cdi_dir=os.path.abspath(cdi_dir),
+        state_dir=os.path.abspath(state_dir) if state_dir else None,
+        kubeconfig=kubeconfig,
+        devices=devices,
+        health_timeout=health_timeout,
+        pod_uid=pod_uid or None,
+        metrics_port=metrics_port,
+        partitions=partitions,
+        prepare_delay=prepare_delay,
+    )
+    try:
+        app = SampleDriverApp(config, say=_say)
+        asyncio.run(app.run())
+    except (CheckpointError, ValueError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@click.command("inject")
+@click.option(
+    "--state-dir",
+    required=True,
+    help="The running driver's state directory (holds control.sock).",
+)
+@click.option("--message", default=None, help="Message for unhealthy/unknown/healthy.")
+@click.option(
+    "--timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True, hidden=True
+)
+@click.argument("device")
+@click.argument("action", type=click.Choice(ACTIONS[:5]))
+def inject_command(
+    state_dir: str, message: str | None, timeout: float, device: str, action: str
+) -> None:
+    """Inject a health change into a running `drahealth driver`.
+
+    DEVICE is `gpu-3` or `POOL/gpu-3` (`*` for silence/resume). ACTION: `unhealthy`
+    (fatal, latched), `healthy` (explicit recovery), `unknown`, `silence` / `resume`
+    (all health streams go quiet / come back).
+    """
+    path = control_socket_path(state_dir)
+    try:
+        reply = request_sync(path, action, device, message, timeout=timeout)
+    except ControlError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if "health" in reply:
+        text = f"{reply['device']}: {reply['health']}"
+        if reply.get("message"):
+            text += f" ({reply['message']})"
+    else:
+        text = "ok"
+    if reply.get("silenced"):
+        text += " [streams silenced]"
+    click.echo(text)
