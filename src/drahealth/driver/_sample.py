@@ -235,10 +235,11 @@ class SampleDriver:
     """Prepares the allocated devices of each claim with no side effects.
 
     A result naming a device this driver does not publish fails the claim
-    (``PERMANENT_CONFIG``); a device whose health is latched Unhealthy in ``hub``
-    fails it with ``PERMANENT_DEVICE`` (the simulated hardware refuses to set up).
-    ``prepare_delay`` seconds of sleep at the start of each prepare call make a
-    crash mid-prepare easy to provoke in tests.
+    (``PERMANENT_CONFIG``). A device named in ``broken`` (simulated hardware that
+    looks fine to monitoring but fails to set up) or latched Unhealthy in ``hub``
+    fails it with ``PERMANENT_DEVICE``, which the plugin hands to
+    ``on_device_fault``. ``prepare_delay`` seconds of sleep at the start of each
+    prepare call make a crash mid-prepare easy to provoke in tests.
     """
 
     def __init__(
@@ -246,10 +247,12 @@ class SampleDriver:
         devices: Iterable[tuple[str, str]],
         hub: HealthHub | None = None,
         *,
+        broken: Iterable[str] = (),
         prepare_delay: float = 0.0,
     ) -> None:
         self.devices = frozenset(devices)
         self.hub = hub
+        self.broken = frozenset(broken)
         self.prepare_delay = prepare_delay
 
     async def prepare(self, claims: Sequence[PreparedClaimRequest]) -> Mapping[str, PrepareResult]:
@@ -266,6 +269,12 @@ class SampleDriver:
                     f"device {r.pool}/{r.device} of claim {claim.ref} is not a device of "
                     "this driver on this node",
                     ErrorKind.PERMANENT_CONFIG,
+                )
+            if r.device in self.broken:
+                return PrepareResult.failed(
+                    f"simulated hardware error: device {r.pool}/{r.device} failed to initialize",
+                    ErrorKind.PERMANENT_DEVICE,
+                    device=key,
                 )
             if self.hub is not None:
                 state = self.hub.state(*key)
@@ -324,6 +333,7 @@ class SampleDriverConfig:
     metrics_port: int | None = None
     partitions: int = 0
     prepare_delay: float = 0.0
+    broken_devices: tuple[str, ...] = ()
 
 
 class SampleDriverApp:
@@ -348,7 +358,15 @@ class SampleDriverApp:
         self.source = SimulatedHealthSource(
             self.hub, self.device_ids, max(0.05, config.health_timeout / 3)
         )
-        self.driver = SampleDriver(self.device_ids, self.hub, prepare_delay=config.prepare_delay)
+        unknown = sorted(set(config.broken_devices) - {d for _, d in self.device_ids})
+        if unknown:
+            raise ValueError(f"--broken-device names unknown devices: {', '.join(unknown)}")
+        self.driver = SampleDriver(
+            self.device_ids,
+            self.hub,
+            broken=config.broken_devices,
+            prepare_delay=config.prepare_delay,
+        )
         self.client: AsyncClient | None = None
         self.handle: PluginHandle | None = None
         self.control: ControlServer | None = None
@@ -359,8 +377,8 @@ class SampleDriverApp:
         self._unwatch: Callable[[], None] | None = None
         self._stop = asyncio.Event()
 
-    @property
-    def options(self) -> PluginOptions:
+    def plugin_options(self) -> PluginOptions:
+        """The toolkit options for this configuration (API client set by ``start``)."""
         c = self.config
         return PluginOptions(
             c.driver_name,
@@ -406,7 +424,7 @@ class SampleDriverApp:
             from drahealth.kube import make_client
 
             self.client = make_client(c.kubeconfig)
-        options = self.options
+        options = self.plugin_options()
         self.handle = await start(self.metrics.instrument(self.driver), options, health=self.hub)
         self.control = ControlServer(self.hub, control_socket_path(options.effective_state_dir))
         await self.control.start()

@@ -24,6 +24,7 @@ from drahealth.driver._sample import (
     SampleDriverConfig,
 )
 from drahealth.driver._types import DEFAULT_CDI_DIR, CheckpointError
+from drahealth.kube import KubeConfigError
 
 __all__ = ["driver_command", "inject_command"]
 
@@ -114,6 +115,13 @@ def _say(line: str) -> None:
     show_default=True,
     help="Seconds each prepare call sleeps (to test crashes mid-prepare).",
 )
+@click.option(
+    "--broken-device",
+    "broken_devices",
+    multiple=True,
+    metavar="DEVICE",
+    help="Simulate hardware that fails to prepare (a permanent device fault); repeatable.",
+)
 def driver_command(
     profile: str,
     driver_name: str | None,
@@ -129,6 +137,7 @@ def driver_command(
     metrics_port: int | None,
     partitions: int,
     prepare_delay: float,
+    broken_devices: tuple[str, ...],
 ) -> None:
     """Run the sample DRA driver with simulated devices until SIGTERM/SIGINT."""
     config = SampleDriverConfig(
@@ -146,11 +155,12 @@ def driver_command(
         metrics_port=metrics_port,
         partitions=partitions,
         prepare_delay=prepare_delay,
+        broken_devices=broken_devices,
     )
     try:
         app = SampleDriverApp(config, say=_say)
         asyncio.run(app.run())
-    except (CheckpointError, ValueError, OSError) as exc:
+    except (CheckpointError, KubeConfigError, ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
 
 
