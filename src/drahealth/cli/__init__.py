@@ -19,7 +19,7 @@ COMMANDS: dict[str, str] = {
     "apiserver": "drahealth.controlplane.cli:apiserver_command",
     "demo": "drahealth.cli.demo:demo_command",
     "driver": "drahealth.driver.cli:driver_command",
-    "inject": "drahealth.driver.cli:inject_command",
+    "inject": "drahealth.driver.inject_cli:inject_command",
 }
 
 

@@ -6,34 +6,76 @@ that implements the narrow :class:`Driver` protocol (``prepare`` / ``unprepare``
 dra-health v1 and v1alpha1; :class:`ResourceSlicePublisher` publishes the driver's
 devices, split at the API limits; :class:`TaintController` turns latched faults into
 device taints. See docs/driver.md.
+
+Names are imported on first use (PEP 562), so importing one submodule, such as the
+standard-library-only control client behind ``drahealth inject``, does not load
+gRPC and the Kubernetes client.
 """
 
-from drahealth.driver._hub import (
-    OPERATOR_SOURCE,
-    DeviceReport,
-    DeviceState,
-    HealthHub,
-    RecoveryPolicy,
-)
-from drahealth.driver._plugin import PluginHandle, install_signal_handlers, start
-from drahealth.driver._publisher import ResourceSlicePublisher
-from drahealth.driver._slices import DriverResources, Pool, SliceValidationError
-from drahealth.driver._taints import TaintController, TaintPolicy, TaintStore
-from drahealth.driver._types import (
-    AllocationResult,
-    CheckpointError,
-    ClaimError,
-    ClaimRef,
-    Driver,
-    ErrorKind,
-    OpaqueConfig,
-    PluginOptions,
-    PreparedClaimRequest,
-    PreparedDevice,
-    PrepareResult,
-    RegistrationStatus,
-    validate_driver_name,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from drahealth.driver._hub import (
+        OPERATOR_SOURCE,
+        DeviceReport,
+        DeviceState,
+        HealthHub,
+        RecoveryPolicy,
+    )
+    from drahealth.driver._plugin import PluginHandle, install_signal_handlers, start
+    from drahealth.driver._publisher import ResourceSlicePublisher
+    from drahealth.driver._slices import DriverResources, Pool, SliceValidationError
+    from drahealth.driver._taints import TaintController, TaintPolicy, TaintStore
+    from drahealth.driver._types import (
+        AllocationResult,
+        CheckpointError,
+        ClaimError,
+        ClaimRef,
+        Driver,
+        ErrorKind,
+        OpaqueConfig,
+        PluginOptions,
+        PreparedClaimRequest,
+        PreparedDevice,
+        PrepareResult,
+        RegistrationStatus,
+        validate_driver_name,
+    )
+
+#: public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    "OPERATOR_SOURCE": "drahealth.driver._hub",
+    "DeviceReport": "drahealth.driver._hub",
+    "DeviceState": "drahealth.driver._hub",
+    "HealthHub": "drahealth.driver._hub",
+    "RecoveryPolicy": "drahealth.driver._hub",
+    "PluginHandle": "drahealth.driver._plugin",
+    "install_signal_handlers": "drahealth.driver._plugin",
+    "start": "drahealth.driver._plugin",
+    "ResourceSlicePublisher": "drahealth.driver._publisher",
+    "DriverResources": "drahealth.driver._slices",
+    "Pool": "drahealth.driver._slices",
+    "SliceValidationError": "drahealth.driver._slices",
+    "TaintController": "drahealth.driver._taints",
+    "TaintPolicy": "drahealth.driver._taints",
+    "TaintStore": "drahealth.driver._taints",
+    "AllocationResult": "drahealth.driver._types",
+    "CheckpointError": "drahealth.driver._types",
+    "ClaimError": "drahealth.driver._types",
+    "ClaimRef": "drahealth.driver._types",
+    "Driver": "drahealth.driver._types",
+    "ErrorKind": "drahealth.driver._types",
+    "OpaqueConfig": "drahealth.driver._types",
+    "PluginOptions": "drahealth.driver._types",
+    "PreparedClaimRequest": "drahealth.driver._types",
+    "PreparedDevice": "drahealth.driver._types",
+    "PrepareResult": "drahealth.driver._types",
+    "RegistrationStatus": "drahealth.driver._types",
+    "validate_driver_name": "drahealth.driver._types",
+}
 
 __all__ = [
     "OPERATOR_SOURCE",
@@ -65,3 +107,16 @@ __all__ = [
     "start",
     "validate_driver_name",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

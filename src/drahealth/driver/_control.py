@@ -1,9 +1,10 @@
-"""Control socket for fault injection: a JSON-lines server next to a running driver, and its client.
+"""Control socket for fault injection: a JSON-lines server next to a running driver.
 
-Owns the ``<state-dir>/control.sock`` unix socket (mode 0600, replaced if stale, removed
-on close only if it is still ours), the request/response protocol, and how each
-action maps onto the :class:`HealthHub`. Knows nothing of gRPC, the API server or
-the CLI (``cli`` turns the client's errors into exit codes).
+Owns the server side of the ``<state-dir>/control.sock`` unix socket (mode 0600,
+replaced if stale, removed on close only if it is still ours), the request/response
+protocol, and how each action maps onto the :class:`HealthHub`. The client lives in
+``_control_client`` (standard library only) and is re-exported here. Knows nothing
+of gRPC, the API server or the CLI.
 
 Protocol: one JSON object per line (UTF-8, ``\\n``-terminated, at most
 :data:`MAX_LINE_BYTES` bytes), one reply line per request, any number of requests
@@ -45,6 +46,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from drahealth.core import Health
+from drahealth.driver._control_client import (
+    ACTIONS,
+    CONTROL_SOCKET_NAME,
+    MAX_LINE_BYTES,
+    ControlError,
+    control_socket_path,
+    encode_line,
+    request,
+    request_sync,
+)
 from drahealth.driver._hub import DeviceReport, DeviceState, HealthHub
 
 __all__ = [
@@ -63,27 +74,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: File name of the control socket inside the state directory.
-CONTROL_SOCKET_NAME = "control.sock"
-#: Longest accepted request line, newline included.
-MAX_LINE_BYTES = 64 * 1024
 #: Hub source name of injected reports.
 INJECT_SOURCE = "inject"
-#: Actions a request may name; the first five are the ``drahealth inject`` actions.
-ACTIONS = ("unhealthy", "healthy", "unknown", "silence", "resume", "status")
 #: Actions that need no device.
 _HUB_ACTIONS = frozenset({"silence", "resume", "status"})
 _FIELDS = frozenset({"action", "device", "message"})
 _DEFAULT_FAULT = "injected fault"
-
-
-class ControlError(Exception):
-    """A control request failed; the message says why in words fit for a terminal."""
-
-
-def control_socket_path(state_dir: str) -> str:
-    """``<state_dir>/control.sock``."""
-    return os.path.join(state_dir, CONTROL_SOCKET_NAME)
 
 
 # --------------------------------------------------------------------------- protocol
@@ -181,10 +177,6 @@ def handle_request(hub: HealthHub, req: Any) -> dict[str, Any]:
         return {"ok": False, "error": str(exc)}
     except ValueError as exc:  # the hub refused the report
         return {"ok": False, "error": str(exc)}
-
-
-def _encode(reply: Mapping[str, Any]) -> bytes:
-    return json.dumps(reply, ensure_ascii=False).encode() + b"\n"
 
 
 def handle_line(hub: HealthHub, line: bytes) -> dict[str, Any]:
@@ -285,7 +277,7 @@ class ControlServer:
                 line = await reader.readline()
             except ValueError:  # the line exceeds the stream limit
                 writer.write(
-                    _encode(
+                    encode_line(
                         {
                             "ok": False,
                             "error": f"request line longer than {MAX_LINE_BYTES} bytes",
@@ -301,76 +293,5 @@ class ControlServer:
             reply = handle_line(self.hub, line)
             if reply["ok"]:
                 log.info("control request %s applied", line.strip()[:200].decode(errors="replace"))
-            writer.write(_encode(reply))
+            writer.write(encode_line(reply))
             await writer.drain()
-
-
-# --------------------------------------------------------------------------- client
-
-
-async def request(
-    path: str,
-    action: str,
-    device: str | None = None,
-    message: str | None = None,
-    *,
-    timeout: float = 5.0,  # noqa: ASYNC109
-) -> dict[str, Any]:
-    """Send one request to the control socket at ``path``; return the ``ok`` reply.
-
-    Raises :class:`ControlError` with a clear message when the socket is missing, no
-    driver listens, the reply is malformed or late, or the driver refused the request.
-    """
-    req: dict[str, Any] = {"action": action}
-    if device is not None:
-        req["device"] = device
-    if message is not None:
-        req["message"] = message
-    try:
-        async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_unix_connection(path, limit=16 * MAX_LINE_BYTES)
-            try:
-                writer.write(_encode(req))
-                await writer.drain()
-                line = await reader.readline()
-            finally:
-                writer.close()
-                with contextlib.suppress(Exception):
-                    await writer.wait_closed()
-    except FileNotFoundError:
-        raise ControlError(
-            f"no control socket at {path}: is `drahealth driver` running with this --state-dir?"
-        ) from None
-    except ConnectionRefusedError:
-        raise ControlError(
-            f"the driver is not running: nobody listens on {path} (stale socket)"
-        ) from None
-    except PermissionError:
-        raise ControlError(f"permission denied on control socket {path}") from None
-    except TimeoutError:
-        raise ControlError(f"no reply from the driver on {path} within {timeout:g}s") from None
-    except (OSError, ValueError) as exc:
-        raise ControlError(f"talking to the driver on {path} failed: {exc}") from None
-    if not line:
-        raise ControlError(f"the driver closed {path} without a reply")
-    try:
-        reply = json.loads(line)
-    except ValueError:
-        raise ControlError(f"malformed reply from the driver: {line[:200]!r}") from None
-    if not isinstance(reply, dict) or not isinstance(reply.get("ok"), bool):
-        raise ControlError(f"malformed reply from the driver: {line[:200]!r}")
-    if not reply["ok"]:
-        raise ControlError(str(reply.get("error", "request refused")))
-    return reply
-
-
-def request_sync(
-    path: str,
-    action: str,
-    device: str | None = None,
-    message: str | None = None,
-    *,
-    timeout: float = 5.0,
-) -> dict[str, Any]:
-    """Blocking :func:`request` (for the CLI)."""
-    return asyncio.run(request(path, action, device, message, timeout=timeout))

@@ -45,56 +45,103 @@ if TYPE_CHECKING:
         api.health_v1alpha1.NodeWatchResourcesResponse,
     ]
 
-__all__ = ["Mailbox", "WireSnapshot", "add_health_servicers", "encode_v1"]
+__all__ = ["Mailbox", "SnapshotEncoder", "WireSnapshot", "add_health_servicers", "encode_v1"]
+
+
+def _device_health(s: DeviceState) -> api.health_v1.DeviceHealth:
+    return api.health_v1.DeviceHealth(
+        device=api.health_v1.DeviceIdentifier(pool_name=s.pool, device_name=s.device),
+        health=api.health_v1.HealthStatus.ValueType(s.health.to_wire()),
+        last_updated_time=int(s.updated_at),
+        health_check_timeout_seconds=s.timeout_seconds,
+        message=truncate_message(s.message),
+    )
 
 
 def encode_v1(states: Sequence[DeviceState]) -> api.health_v1.NodeWatchResourcesResponse:
     """A v1 response listing every state: wire health, unix-second timestamps, the
     per-device timeout and the UTF-8-safe truncated message."""
     resp = api.health_v1.NodeWatchResourcesResponse()
-    for s in states:
-        resp.devices.add(
-            device=api.health_v1.DeviceIdentifier(pool_name=s.pool, device_name=s.device),
-            health=api.health_v1.HealthStatus.ValueType(s.health.to_wire()),
-            last_updated_time=int(s.updated_at),
-            health_check_timeout_seconds=s.timeout_seconds,
-            message=truncate_message(s.message),
-        )
+    resp.devices.extend(_device_health(s) for s in states)
     return resp
 
 
-class WireSnapshot:
-    """One hub version, encoded lazily and at most once per API version.
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
 
-    v1 and v1alpha1 messages are byte-identical on the wire, so v1alpha1 is parsed
-    from the v1 encoding rather than built twice.
+
+class SnapshotEncoder:
+    """Encodes snapshots re-using each unchanged device's bytes.
+
+    A ``NodeWatchResourcesResponse`` is only its repeated field 1 (``devices``), so
+    its encoding is the concatenation of one length-delimited record per device. The
+    encoder keeps each device's record next to the (immutable) state it came from and
+    re-encodes only devices whose state object changed: after a one-device change to
+    a 10,000-device hub that is one protobuf encode and a join, not 10,000 encodes.
+    The result is byte-identical to ``encode_v1(states).SerializeToString()``.
     """
 
-    __slots__ = ("_bytes", "_v1", "_v1alpha1", "states", "version")
+    __slots__ = ("_entries",)
 
-    def __init__(self, version: int, states: Sequence[DeviceState]) -> None:
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, str], tuple[DeviceState, bytes]] = {}
+
+    def encode(self, states: Sequence[DeviceState]) -> bytes:
+        entries = self._entries
+        parts: list[bytes] = []
+        for s in states:
+            key = (s.pool, s.device)
+            hit = entries.get(key)
+            if hit is None or hit[0] is not s:
+                body = _device_health(s).SerializeToString()
+                hit = (s, b"\x0a" + _varint(len(body)) + body)  # field 1, wire type 2
+                entries[key] = hit
+            parts.append(hit[1])
+        if len(entries) > len(states):  # devices were removed: forget their records
+            keep = {(s.pool, s.device) for s in states}
+            self._entries = {k: v for k, v in entries.items() if k in keep}
+        return b"".join(parts)
+
+
+class WireSnapshot:
+    """One hub version, encoded lazily and at most once.
+
+    The v1 and v1alpha1 ``NodeWatchResourcesResponse`` are byte-identical on the
+    wire, so both services send the same bytes; the message objects are only built
+    (parsed back) for callers that ask for them.
+    """
+
+    __slots__ = ("_bytes", "_encoder", "states", "version")
+
+    def __init__(
+        self,
+        version: int,
+        states: Sequence[DeviceState],
+        encoder: SnapshotEncoder | None = None,
+    ) -> None:
         self.version = version
         self.states = tuple(states)
-        self._v1: api.health_v1.NodeWatchResourcesResponse | None = None
-        self._v1alpha1: api.health_v1alpha1.NodeWatchResourcesResponse | None = None
+        self._encoder = encoder
         self._bytes: bytes | None = None
-
-    def v1(self) -> api.health_v1.NodeWatchResourcesResponse:
-        if self._v1 is None:
-            self._v1 = encode_v1(self.states)
-        return self._v1
 
     def encoded(self) -> bytes:
         if self._bytes is None:
-            self._bytes = self.v1().SerializeToString()
+            if self._encoder is not None:
+                self._bytes = self._encoder.encode(self.states)
+            else:
+                self._bytes = encode_v1(self.states).SerializeToString()
         return self._bytes
 
+    def v1(self) -> api.health_v1.NodeWatchResourcesResponse:
+        return api.health_v1.NodeWatchResourcesResponse.FromString(self.encoded())
+
     def v1alpha1(self) -> api.health_v1alpha1.NodeWatchResourcesResponse:
-        if self._v1alpha1 is None:
-            self._v1alpha1 = api.health_v1alpha1.NodeWatchResourcesResponse.FromString(
-                self.encoded()
-            )
-        return self._v1alpha1
+        return api.health_v1alpha1.NodeWatchResourcesResponse.FromString(self.encoded())
 
 
 class Mailbox:
@@ -156,37 +203,38 @@ async def _open(hub: HealthHub, context: grpc.aio.ServicerContext[Any, Any]) -> 
     return mailbox
 
 
-class _HealthV1(api.health_v1_grpc.DRAResourceHealthServicer):
-    def __init__(self, hub: HealthHub) -> None:
-        self._hub = hub
-
-    async def NodeWatchResources(
-        self, request: api.health_v1.NodeWatchResourcesRequest, context: _V1Context
-    ) -> AsyncIterator[api.health_v1.NodeWatchResourcesResponse]:
-        mailbox = await _open(self._hub, context)
-        try:
-            while (snap := await mailbox.next()) is not None:
-                yield snap.v1()
-        finally:
-            mailbox.close()
-
-
-class _HealthV1Alpha1(api.health_v1alpha1_grpc.DRAResourceHealthServicer):
-    def __init__(self, hub: HealthHub) -> None:
-        self._hub = hub
-
-    async def NodeWatchResources(
-        self, request: api.health_v1alpha1.NodeWatchResourcesRequest, context: _V1Alpha1Context
-    ) -> AsyncIterator[api.health_v1alpha1.NodeWatchResourcesResponse]:
-        mailbox = await _open(self._hub, context)
-        try:
-            while (snap := await mailbox.next()) is not None:
-                yield snap.v1alpha1()
-        finally:
-            mailbox.close()
+def _passthrough(data: bytes) -> bytes:
+    return data
 
 
 def add_health_servicers(hub: HealthHub, server: grpc.aio.Server) -> None:
-    """Register ``v1.DRAResourceHealth`` and ``v1alpha1.DRAResourceHealth`` on ``server``."""
-    api.health_v1_grpc.add_DRAResourceHealthServicer_to_server(_HealthV1(hub), server)
-    api.health_v1alpha1_grpc.add_DRAResourceHealthServicer_to_server(_HealthV1Alpha1(hub), server)
+    """Register ``v1.DRAResourceHealth`` and ``v1alpha1.DRAResourceHealth`` on ``server``.
+
+    Both are served by one handler that yields the snapshot's cached bytes through an
+    identity serializer, so a snapshot is encoded once however many streams (of either
+    version) receive it. Requests are parsed with the generated message classes.
+    """
+
+    async def watch(
+        request: object, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[bytes]:
+        """One ``NodeWatchResources`` stream (either version)."""
+        mailbox = await _open(hub, context)
+        try:
+            while (snap := await mailbox.next()) is not None:
+                yield snap.encoded()
+        finally:
+            mailbox.close()
+
+    for service, request_type in (
+        (api.DRA_HEALTH_V1, api.health_v1.NodeWatchResourcesRequest),
+        (api.DRA_HEALTH_V1ALPHA1, api.health_v1alpha1.NodeWatchResourcesRequest),
+    ):
+        handler = grpc.unary_stream_rpc_method_handler(
+            watch,
+            request_deserializer=request_type.FromString,
+            response_serializer=_passthrough,
+        )
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(service, {"NodeWatchResources": handler}),)
+        )

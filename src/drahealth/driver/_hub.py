@@ -191,6 +191,8 @@ class HealthHub:
         self._devices: dict[_DeviceId, _Device] = {}
         self._version = 0
         self._snapshot: list[DeviceState] | None = None
+        self._order: list[_Device] | None = None  # records by (pool, device); None: re-sort
+        self._encoder = _health_service.SnapshotEncoder()
         self._wire: _health_service.WireSnapshot | None = None
         self._subscribers: list[Callable[[list[DeviceState]], None]] = []
         self._mailboxes: set[_health_service.Mailbox] = set()
@@ -259,6 +261,8 @@ class HealthHub:
         removed = [d for d in self._devices if d not in wanted]
         for dev in removed:
             del self._devices[dev]
+        if removed:
+            self._order = None
         changed: list[DeviceState] = []
         now, wall = self._clock(), self._wall()
         for dev in wanted:
@@ -270,6 +274,7 @@ class HealthHub:
                     timeout, wall,
                 )  # fmt: skip
                 self._devices[dev] = _Device(dev[0], dev[1], timeout, state)
+                self._order = None
                 changed.append(state)
             elif dev in timeouts and timeouts[dev] != rec.timeout:
                 rec.timeout = timeouts[dev]
@@ -432,7 +437,9 @@ class HealthHub:
     def snapshot(self) -> list[DeviceState]:
         """Every device's state, ordered by (pool, device)."""
         if self._snapshot is None:
-            self._snapshot = [self._devices[k].state for k in sorted(self._devices)]
+            if self._order is None:
+                self._order = [self._devices[k] for k in sorted(self._devices)]
+            self._snapshot = [rec.state for rec in self._order]
         return list(self._snapshot)
 
     def subscribe(self, callback: Callable[[list[DeviceState]], None]) -> Callable[[], None]:
@@ -541,7 +548,7 @@ class HealthHub:
 
     def _wire_snapshot(self) -> _health_service.WireSnapshot:
         if self._wire is None:
-            self._wire = _health_service.WireSnapshot(self._version, self.snapshot())
+            self._wire = _health_service.WireSnapshot(self._version, self.snapshot(), self._encoder)
         return self._wire
 
     def _open_stream(self) -> _health_service.Mailbox:

@@ -1,10 +1,8 @@
-"""The ``drahealth driver`` and ``drahealth inject`` commands.
+"""The ``drahealth driver`` command (``drahealth inject`` lives in ``inject_cli``).
 
 ``driver_command`` runs the sample driver (``_sample.SampleDriverApp``) in the
-foreground; ``inject_command`` sends one fault-injection request to a running driver
-over its control socket (``_control``). This module only parses options, prints, and
-turns errors into exit codes: 0 on success, 1 when the driver could not start or
-refused/missed the request, 2 for usage errors (click).
+foreground. This module only parses options, prints, and turns errors into exit
+codes: 0 on success, 1 when the driver could not start, 2 for usage errors (click).
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ import socket
 import click
 
 from drahealth import api
-from drahealth.driver._control import ACTIONS, ControlError, control_socket_path, request_sync
 from drahealth.driver._sample import (
     DEFAULT_DRIVER_NAMES,
     PROFILES,
@@ -26,7 +23,7 @@ from drahealth.driver._sample import (
 from drahealth.driver._types import DEFAULT_CDI_DIR, CheckpointError
 from drahealth.kube import KubeConfigError
 
-__all__ = ["driver_command", "inject_command"]
+__all__ = ["driver_command"]
 
 
 def _say(line: str) -> None:
@@ -162,40 +159,3 @@ def driver_command(
         asyncio.run(app.run())
     except (CheckpointError, KubeConfigError, ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
-
-
-@click.command("inject")
-@click.option(
-    "--state-dir",
-    required=True,
-    help="The running driver's state directory (holds control.sock).",
-)
-@click.option("--message", default=None, help="Message for unhealthy/unknown/healthy.")
-@click.option(
-    "--timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True, hidden=True
-)
-@click.argument("device")
-@click.argument("action", type=click.Choice(ACTIONS[:5]))
-def inject_command(
-    state_dir: str, message: str | None, timeout: float, device: str, action: str
-) -> None:
-    """Inject a health change into a running `drahealth driver`.
-
-    DEVICE is `gpu-3` or `POOL/gpu-3` (`*` for silence/resume). ACTION: `unhealthy`
-    (fatal, latched), `healthy` (explicit recovery), `unknown`, `silence` / `resume`
-    (all health streams go quiet / come back).
-    """
-    path = control_socket_path(state_dir)
-    try:
-        reply = request_sync(path, action, device, message, timeout=timeout)
-    except ControlError as exc:
-        raise click.ClickException(str(exc)) from exc
-    if "health" in reply:
-        text = f"{reply['device']}: {reply['health']}"
-        if reply.get("message"):
-            text += f" ({reply['message']})"
-    else:
-        text = "ok"
-    if reply.get("silenced"):
-        text += " [streams silenced]"
-    click.echo(text)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from drahealth import api
 from drahealth.core import Health
@@ -348,3 +350,39 @@ def test_submit_threadsafe() -> None:
 
     changed = asyncio.run(main())
     assert [c.health for c in changed] == [H]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["submit", "timeout", "devices"]),
+            st.integers(min_value=0, max_value=5),
+            st.sampled_from([H, U, X]),
+            st.text(max_size=300),
+        ),
+        max_size=25,
+    )
+)
+def test_cached_encoding_equals_fresh_encoding(
+    ops: list[tuple[str, int, Health, str]],
+) -> None:
+    """The per-device byte cache must give the same bytes as a from-scratch encode,
+    whatever sequence of reports, timeout changes and device-set changes led there."""
+    from drahealth.driver._health_service import encode_v1
+
+    all_devs = [("pool-a", f"dev-{i}") for i in range(6)]
+    hub, clock, wall = make_hub(devices=all_devs[:3])
+    for op, i, health, msg in ops:
+        clock.now += 1
+        wall.now += 1.5
+        devs = [(s.pool, s.device) for s in hub.snapshot()]
+        if op == "devices":
+            hub.set_devices(all_devs[: i + 1] if i % 2 else all_devs[i:])
+        elif devs:
+            pool, dev = devs[i % len(devs)]
+            if op == "submit":
+                hub.submit("src", [DeviceReport(pool, dev, health, msg)])
+            else:
+                hub.set_timeout(pool, dev, i + 1)
+        assert hub.encode_snapshot_v1() == encode_v1(hub.snapshot()).SerializeToString()
