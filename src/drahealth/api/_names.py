@@ -57,6 +57,14 @@ UNIX_PATH_MAX: Final = 108
 DEFAULT_HEALTH_TIMEOUT_SECONDS: Final = 30
 HEALTH_MESSAGE_MAX_BYTES: Final = 1024
 
+# KEP-5322 design (never merged; not in the shipping dra/v1 proto):
+# ``NodePrepareResourceResponseErrorType error_type = 3`` in ``NodePrepareResourceResponse``,
+# values Unknown = 0, Permanent = 1. Sent only when a driver opts in; a kubelet that does
+# not know the field keeps it as an unknown field and ignores it.
+PREPARE_ERROR_TYPE_FIELD: Final = 3
+PREPARE_ERROR_TYPE_UNKNOWN: Final = 0
+PREPARE_ERROR_TYPE_PERMANENT: Final = 1
+
 #: Status values in ``allocatedResourcesStatus[].resources[].health``.
 HEALTHY: Final = "Healthy"
 UNHEALTHY: Final = "Unhealthy"

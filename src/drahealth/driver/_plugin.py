@@ -30,7 +30,7 @@ from typing import Any
 import grpc
 
 from drahealth import api
-from drahealth.driver._prepare import ClaimPreparer, format_error
+from drahealth.driver._prepare import ClaimPreparer, error_type_field, format_error
 from drahealth.driver._types import (
     ClaimRef,
     Driver,
@@ -71,12 +71,16 @@ class DRAPluginServer:
 
     async def unprepare(self, claims: Sequence[Any]) -> dict[str, str]:
         errors = await self.preparer.unprepare([_ref(c) for c in claims])
-        return {
-            uid: "" if e is None else format_error(e, self._error_type) for uid, e in errors.items()
-        }
+        return {uid: "" if e is None else format_error(e) for uid, e in errors.items()}
 
     def error_text(self, result: PrepareResult) -> str:
-        return "" if result.error is None else format_error(result.error, self._error_type)
+        return "" if result.error is None else format_error(result.error)
+
+    def error_type(self, result: PrepareResult) -> bytes:
+        """Encoded ``error_type`` field to merge into the claim's reply (opt-in)."""
+        if not self._error_type or result.error is None:
+            return b""
+        return error_type_field(result.error)
 
 
 def _ref(claim: Any) -> ClaimRef:
@@ -94,6 +98,9 @@ async def _prepare_reply(server: DRAPluginServer, pb: Any, claims: Sequence[Any]
         out = resp.claims[uid]
         if result.error is not None:
             out.error = server.error_text(result)
+            # Not in the generated message: kept as an unknown field, sent as is.
+            if extra := server.error_type(result):
+                out.MergeFromString(extra)
             continue
         for d in result.devices or ():
             dev = out.devices.add(

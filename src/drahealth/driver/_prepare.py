@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING
 from lightkube import ApiError
 from lightkube.resources.resource_v1 import ResourceClaim
 
+from drahealth import api
 from drahealth.driver._cdi import CDISpecs
 from drahealth.driver._checkpoint import Checkpoint, CheckpointDevice, ClaimEntry, ClaimState
 from drahealth.driver._types import (
@@ -175,11 +176,19 @@ def find_conflict(
     return None
 
 
-def format_error(error: ClaimError, enable_error_type_field: bool = False) -> str:
-    """The per-claim error string on the wire (``"permanent: "`` prefix, see ``_types``)."""
-    if enable_error_type_field and error.kind.permanent:
-        return f"permanent: {error.message}"
+def format_error(error: ClaimError) -> str:
+    """The per-claim error string on the wire."""
     return error.message
+
+
+def error_type_field(error: ClaimError) -> bytes:
+    """The encoded KEP-5322 ``error_type`` field for ``error`` (see ``_types``): the
+    varint field 3 = Permanent for permanent errors, nothing (Unknown, the default) for
+    the others."""
+    if not error.kind.permanent:
+        return b""
+    tag = (api.PREPARE_ERROR_TYPE_FIELD << 3) | 0  # wire type 0: varint
+    return bytes((tag, api.PREPARE_ERROR_TYPE_PERMANENT))
 
 
 def _as_claim_error(exc: BaseException, what: str) -> ClaimError:

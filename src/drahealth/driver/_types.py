@@ -12,9 +12,11 @@ Permanent errors (KEP-5322): the design on the KEP branch adds an ``error_type``
 field to ``NodePrepareResourceResponse``; it was never merged and the shipping
 ``dra/v1`` proto has no such field. The classification therefore lives in the
 Python API only (:class:`ErrorKind`, the ``on_device_fault`` callback, metrics).
-``PluginOptions.enable_error_type_field`` is accepted so configurations are ready
-for the field, but on today's wire its only effect is a ``"permanent: "`` prefix
-on the per-claim error string of permanent errors.
+With ``PluginOptions.enable_error_type_field`` (off by default) the plugin also
+sends that field on the wire: a permanent error's ``NodePrepareResourceResponse``
+carries ``error_type = 3`` set to ``Permanent`` (1) next to its ``error`` string.
+Today's kubelets keep it as an unknown field and ignore it; the error string is the
+same either way.
 """
 
 from __future__ import annotations

@@ -33,12 +33,14 @@ from drahealth.controlplane import APIServer
 from drahealth.driver._plugin import PluginHandle, install_signal_handlers, start
 from drahealth.driver._types import (
     ClaimRef,
+    ErrorKind,
     PluginOptions,
     PreparedClaimRequest,
     PreparedDevice,
     PrepareResult,
 )
 from drahealth.kube import make_client
+from tests import rawproto
 
 DRIVER = "gpu.example.com"
 POD_UID = "ad4af911-5bcd-47c5-a554-f35cea869472"
@@ -438,3 +440,60 @@ async def test_checkpoint_survives_restart(base: str, kube: AsyncClient) -> None
         assert un.claims[uid].error == ""
         assert driver.unprepared == [uid]
     assert first.claims[uid].devices[0].device_name == "gpu-1"
+
+
+class FailingDriver(TinyDriver):
+    """Fails claim ``perm`` permanently (device fault) and ``busy`` transiently."""
+
+    async def prepare(self, claims: Sequence[PreparedClaimRequest]) -> Mapping[str, PrepareResult]:
+        out: dict[str, PrepareResult] = {}
+        for c in claims:
+            if c.name == "perm":
+                out[c.uid] = PrepareResult.failed(
+                    "XID 79: fallen off the bus",
+                    ErrorKind.PERMANENT_DEVICE,
+                    device=("node-1", "gpu-0"),
+                )
+            else:
+                out[c.uid] = PrepareResult.failed("device busy")
+        return out
+
+
+async def _raw_prepare_errors(
+    endpoint: str, claims: list[tuple[str, str]]
+) -> dict[str, dict[int, list[Any]]]:
+    """Prepare over v1 reading the reply as raw bytes: claim uid -> decoded claim reply."""
+    request = api.dra_v1.NodePrepareResourcesRequest(
+        claims=claims_v1(*(("default", name, uid) for name, uid in claims))
+    )
+    async with channel(endpoint) as ch:
+        raw: bytes = await ch.unary_unary(
+            api.NODE_PREPARE_V1_METHOD,
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=None,
+        )(request)
+    out = {}
+    for entry in rawproto.decode(raw)[1]:
+        fields = rawproto.decode(cast(bytes, entry))
+        out[cast(bytes, fields[1][0]).decode()] = rawproto.decode(cast(bytes, fields[2][0]))
+    return out
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+async def test_error_type_field_only_for_permanent_errors_and_only_when_enabled(
+    base: str, kube: AsyncClient, enabled: bool
+) -> None:
+    perm = await create_claim(kube, "perm", [gpu("gpu-0")])
+    busy = await create_claim(kube, "busy", [gpu("gpu-1")])
+    async with plugin(
+        base, kube, driver=FailingDriver(), enable_error_type_field=enabled
+    ) as handle:
+        replies = await _raw_prepare_errors(handle.endpoint, [("perm", perm), ("busy", busy)])
+    # field 2: error (same text either way), field 3: KEP-5322 error_type
+    assert replies[perm][2] == [b"XID 79: fallen off the bus"]
+    assert replies[busy][2] == [b"device busy"]
+    assert 3 not in replies[busy]  # Unknown is the default: not sent
+    if enabled:
+        assert replies[perm][3] == [api.PREPARE_ERROR_TYPE_PERMANENT]
+    else:
+        assert 3 not in replies[perm]

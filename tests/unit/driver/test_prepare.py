@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from drahealth.driver._checkpoint import ClaimState
 from drahealth.driver._prepare import (
     ClaimPreparer,
+    error_type_field,
     find_conflict,
     format_error,
     resolve_results,
@@ -273,11 +274,12 @@ def test_strip_subrequests() -> None:
     assert strip_subrequests([]) == []
 
 
-def test_format_error_prefix_only_with_flag_and_permanent() -> None:
-    perm = ClaimError("bad", ErrorKind.PERMANENT_CONFIG)
-    assert format_error(perm) == "bad"
-    assert format_error(perm, True) == "permanent: bad"
-    assert format_error(ClaimError("busy"), True) == "busy"
+def test_error_type_field_encoding() -> None:
+    assert format_error(ClaimError("bad", ErrorKind.PERMANENT_CONFIG)) == "bad"
+    # field 3, varint, value 1 (Permanent) for both permanent kinds; nothing otherwise
+    assert error_type_field(ClaimError("bad", ErrorKind.PERMANENT_CONFIG)) == b"\x18\x01"
+    assert error_type_field(ClaimError("xid", ErrorKind.PERMANENT_DEVICE)) == b"\x18\x01"
+    assert error_type_field(ClaimError("busy")) == b""
 
 
 # ---------------------------------------------------------------------------
