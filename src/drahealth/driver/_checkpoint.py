@@ -29,16 +29,13 @@ start begins empty because the bad file is out of the way).
 
 from __future__ import annotations
 
-import contextlib
-import datetime
 import enum
-import hashlib
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from drahealth._durable import atomic_write, dump_envelope, load_envelope, quarantine
 from drahealth.driver._types import CheckpointError
 
 __all__ = [
@@ -148,44 +145,6 @@ def _strs(data: dict[str, Any], key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _canonical(claims: Any) -> bytes:
-    return json.dumps(claims, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _checksum(claims: Any) -> str:
-    return "sha256:" + hashlib.sha256(_canonical(claims)).hexdigest()
-
-
-def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves the old or the new file.
-
-    Writes ``.<name>.tmp`` next to it, fsyncs, renames over ``path`` and fsyncs the
-    directory. Concurrent writers of the same path must be serialized by the caller.
-    """
-    directory, name = os.path.split(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fchmod(fd, mode)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
 class Checkpoint:
     """The prepared-claims checkpoint file at ``path`` (see the module docstring)."""
 
@@ -225,29 +184,12 @@ class Checkpoint:
     def save(self, claims: Mapping[str, ClaimEntry]) -> None:
         """Atomically replace the file with ``claims``."""
         body = {uid: claims[uid].to_json() for uid in sorted(claims)}
-        doc = {"version": CHECKPOINT_VERSION, "checksum": _checksum(body), "claims": body}
-        data = json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False).encode() + b"\n"
-        atomic_write(self._path, data)
+        atomic_write(self._path, dump_envelope(CHECKPOINT_VERSION, "claims", body))
 
     def _decode(self, raw: bytes) -> dict[str, ClaimEntry]:
-        try:
-            doc = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"not valid JSON ({exc})") from exc
-        if not isinstance(doc, dict):
-            raise ValueError("top level is not an object")
-        version = doc.get("version")
-        if version != CHECKPOINT_VERSION:
-            raise ValueError(
-                f"unknown version {version!r} (this build reads version {CHECKPOINT_VERSION})"
-            )
-        claims = doc.get("claims")
+        claims = load_envelope(raw, CHECKPOINT_VERSION, "claims")
         if not isinstance(claims, dict):
             raise ValueError("claims is missing or not an object")
-        checksum = doc.get("checksum")
-        expected = _checksum(claims)
-        if checksum != expected:
-            raise ValueError(f"checksum mismatch (file says {checksum!r}, content is {expected})")
         out: dict[str, ClaimEntry] = {}
         for uid, entry in claims.items():
             try:
@@ -257,10 +199,4 @@ class Checkpoint:
         return out
 
     def _quarantine(self) -> str | None:
-        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-        aside = f"{self._path}.corrupt-{stamp}"
-        try:
-            os.replace(self._path, aside)
-        except OSError:
-            return None
-        return aside
+        return quarantine(self._path)

@@ -121,7 +121,7 @@ def test_wrong_version_is_refused(tmp_path: Path) -> None:
 
 
 def test_bad_entry_shape_names_the_claim(tmp_path: Path) -> None:
-    from drahealth.driver._checkpoint import _checksum
+    from drahealth._durable import checksum as _checksum
 
     claims = {"uid-9": {"namespace": "ns", "name": "n", "state": "Bogus", "devices": []}}
     doc = {"version": 1, "checksum": _checksum(claims), "claims": claims}

@@ -1,0 +1,105 @@
+"""Crash-safe files shared by the driver and the node agent.
+
+Owns three things and nothing else: :func:`atomic_write` (temp file, fsync, rename,
+directory fsync: after a crash at any instant the file holds the old or the new
+content), :func:`quarantine` (move a corrupt file aside so nothing is lost and the
+next start begins clean), and a small versioned, checksummed JSON envelope
+(:func:`dump_envelope` / :func:`load_envelope`) for state files that are rewritten
+whole.
+
+Envelope format::
+
+    {"version": N, "checksum": "sha256:<hex over the canonical JSON of body>", "<key>": body}
+
+Canonical JSON = ``json.dumps(body, sort_keys=True, separators=(",", ":"),
+ensure_ascii=False)`` as UTF-8.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import json
+import os
+from typing import Any
+
+__all__ = ["atomic_write", "checksum", "dump_envelope", "load_envelope", "quarantine"]
+
+
+def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
+    """Replace ``path`` with ``data`` so that a crash leaves the old or the new file.
+
+    Writes ``.<name>.tmp`` next to it, fsyncs, renames over ``path`` and fsyncs the
+    directory. Concurrent writers of the same path must be serialized by the caller.
+    """
+    directory, name = os.path.split(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def quarantine(path: str) -> str | None:
+    """Move ``path`` to ``<path>.corrupt-<UTC timestamp>``; the new path, or None."""
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+    aside = f"{path}.corrupt-{stamp}"
+    try:
+        os.replace(path, aside)
+    except OSError:
+        return None
+    return aside
+
+
+def _canonical(body: Any) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def checksum(body: Any) -> str:
+    """``sha256:<hex>`` over the canonical JSON of ``body``."""
+    return "sha256:" + hashlib.sha256(_canonical(body)).hexdigest()
+
+
+def dump_envelope(version: int, key: str, body: Any) -> bytes:
+    """The envelope bytes for ``body`` (indented JSON, trailing newline)."""
+    doc = {"version": version, "checksum": checksum(body), key: body}
+    return json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False).encode() + b"\n"
+
+
+def load_envelope(raw: bytes, version: int, key: str) -> Any:
+    """Parse and verify an envelope; the body. ValueError says what is wrong."""
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not valid JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise ValueError("top level is not an object")
+    found = doc.get("version")
+    if found != version:
+        raise ValueError(f"unknown version {found!r} (this build reads version {version})")
+    if key not in doc:
+        raise ValueError(f"{key} is missing")
+    body = doc[key]
+    expected = checksum(body)
+    if doc.get("checksum") != expected:
+        raise ValueError(
+            f"checksum mismatch (file says {doc.get('checksum')!r}, content is {expected})"
+        )
+    return body
