@@ -4,7 +4,7 @@ Owns the driver-level metric families (on a private ``CollectorRegistry``, never
 global one, so two drivers in one process do not collide), the wrapper that times a
 :class:`Driver`'s ``prepare``/``unprepare``, the hub subscription that keeps the
 per-device health gauge current, the collector that reads a publisher's counters,
-and a tiny aiohttp server for ``/metrics`` and ``/healthz``.
+and re-exports the shared ``/metrics`` server.
 
 Families (label ``driver`` on all of them):
 
@@ -30,12 +30,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Gauge, Histogram
-from prometheus_client.aiohttp import make_aiohttp_handler
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from drahealth._metrics_http import MetricsServer
 from drahealth.core import Health
 from drahealth.driver._hub import DeviceState, HealthHub
 from drahealth.driver._publisher import ResourceSlicePublisher
@@ -171,48 +170,3 @@ class DriverMetrics:
         self._devices &= present
         for state in states:
             self._set(state)
-
-
-class MetricsServer:
-    """``/metrics`` (Prometheus text format) and ``/healthz`` on ``host:port`` (aiohttp)."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
-        self._runner: web.AppRunner | None = None
-        self._host = "127.0.0.1"
-        self._port: int | None = None
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise RuntimeError("the metrics server is not started")
-        return self._port
-
-    @property
-    def url(self) -> str:
-        """Address of the metrics endpoint."""
-        return f"http://{self._host}:{self.port}/metrics"
-
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        app = web.Application()
-        app.router.add_get("/metrics", make_aiohttp_handler(self.registry))
-        app.router.add_get("/healthz", _healthz)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        try:
-            await web.TCPSite(runner, host, port).start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        self._runner = runner
-        self._host = host
-        self._port = int(runner.addresses[0][1])
-
-    async def stop(self) -> None:
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
-
-
-async def _healthz(request: web.Request) -> web.Response:
-    return web.Response(text="ok\n")
