@@ -188,7 +188,11 @@ def test_server_side_apply_and_conflicts(cluster: Cluster, ns: str) -> None:
 
 
 def test_patch_merge_and_status_subresource(cluster: Cluster, ns: str) -> None:
-    cluster.run("create", "-n", ns, "-f", "-", stdin=pod_yaml("s1"))
+    claimed = pod_yaml("s1") + (
+        "    resources: {claims: [{name: gpu, request: req}]}\n"
+        "  resourceClaims: [{name: gpu, resourceClaimName: gpu}]\n"
+    )
+    cluster.run("create", "-n", ns, "-f", "-", stdin=claimed)
     cluster.run(
         "patch",
         "pod",

@@ -233,17 +233,80 @@ def _dict(value: Any) -> JSON:
     return value if isinstance(value, dict) else {}
 
 
+def duplicate(field: str, value: Any) -> JSON:
+    return cause("FieldValueDuplicate", f"Duplicate value: {_show(value)}", field)
+
+
+def forbidden(field: str, detail: str) -> JSON:
+    return cause("FieldValueForbidden", f"Forbidden: {detail}", field)
+
+
+_CLAIM_NAME_MSG = (
+    "must match one of the container's resource claims in a format "
+    "'claim:<claimName>/<request>' or 'claim:<claimName>' if request is empty"
+)
+_REQUEST_NAME_MSG = "must match one of the container's resource requests"
+
+
+def _allowed_names(container: JSON) -> tuple[set[str], set[str]]:
+    """The ``claim:`` names and the other names a container's status may report."""
+    resources = _dict(container.get("resources"))
+    claim_names: set[str] = set()
+    for ref in _list(resources.get("claims")):
+        name, request = _dict(ref).get("name"), _dict(ref).get("request")
+        if isinstance(name, str):
+            claim_names.add(f"claim:{name}/{request}" if request else f"claim:{name}")
+    return claim_names, {str(k) for k in _dict(resources.get("requests"))}
+
+
+def _resource_status_causes(entries: list[Any], container: JSON | None, where: str) -> list[JSON]:
+    out: list[JSON] = []
+    claims, requests = _allowed_names(container) if container is not None else (set(), set())
+    for j, rs in enumerate(entries):
+        rs = _dict(rs)
+        here = f"{where}.allocatedResourcesStatus[{j}]"
+        name = rs.get("name")
+        if container is not None and isinstance(name, str):  # unknown container: skipped
+            if name.startswith("claim:"):
+                if name not in claims:
+                    out.append(invalid_value(f"{here}.name", name, _CLAIM_NAME_MSG))
+            elif name not in requests:
+                out.append(invalid_value(f"{here}.name", name, _REQUEST_NAME_MSG))
+        seen: set[Any] = set()
+        for k, res in enumerate(_list(rs.get("resources"))):
+            health = _dict(res).get("health")
+            if health is not None and health not in HEALTH_VALUES:
+                out.append(unsupported(f"{here}.resources[{k}].health", health, HEALTH_VALUES))
+            rid = _dict(res).get("resourceID")
+            if isinstance(rid, str) and rid in seen:
+                out.append(duplicate(f"{here}.resources[{k}].resourceID", rid))
+            seen.add(rid)
+    return out
+
+
 def _pod_causes(obj: JSON) -> list[JSON]:
     out: list[JSON] = []
+    spec = _dict(obj.get("spec"))
     status = _dict(obj.get("status"))
-    for lst in ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses"):
+    for lst, spec_key in (
+        ("containerStatuses", "containers"),
+        ("initContainerStatuses", "initContainers"),
+    ):
+        containers: dict[str, JSON] = {}
+        for c in _list(spec.get(spec_key)):
+            name = _dict(c).get("name")
+            if isinstance(name, str):
+                containers.setdefault(name, _dict(c))
         for i, cs in enumerate(_list(status.get(lst))):
-            for j, rs in enumerate(_list(_dict(cs).get("allocatedResourcesStatus"))):
-                for k, res in enumerate(_list(_dict(rs).get("resources"))):
-                    health = _dict(res).get("health")
-                    where = f"status.{lst}[{i}].allocatedResourcesStatus[{j}].resources[{k}].health"
-                    if health is not None and health not in HEALTH_VALUES:
-                        out.append(unsupported(where, health, HEALTH_VALUES))
+            cs = _dict(cs)
+            entries = _list(cs.get("allocatedResourcesStatus"))
+            name = cs.get("name")
+            container = containers.get(name) if isinstance(name, str) else None
+            out.extend(_resource_status_causes(entries, container, f"status.{lst}[{i}]"))
+    for i, cs in enumerate(_list(status.get("ephemeralContainerStatuses"))):
+        if _dict(cs).get("allocatedResourcesStatus") is not None:
+            where = f"status.ephemeralContainerStatuses[{i}].allocatedResourcesStatus"
+            out.append(forbidden(where, "must not be specified in container status"))
     return out
 
 

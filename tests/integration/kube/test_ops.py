@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 from lightkube import AsyncClient
-from lightkube.models.core_v1 import Container, PodSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod
 from lightkube.types import PatchType
@@ -22,9 +21,21 @@ from drahealth.kube import (
 
 
 def pod(name: str) -> Pod:
-    return Pod(
-        metadata=ObjectMeta(name=name, namespace="default"),
-        spec=PodSpec(containers=[Container(name="main", image="busybox")]),
+    """A pod whose container uses claim ``gpu-0`` (so claim status entries are valid)."""
+    return Pod.from_dict(
+        {
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "resourceClaims": [{"name": "gpu-0", "resourceClaimName": "gpu-0"}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "busybox",
+                        "resources": {"claims": [{"name": "gpu-0"}]},
+                    }
+                ],
+            },
+        }
     )
 
 

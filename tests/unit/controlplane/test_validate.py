@@ -77,7 +77,9 @@ def test_resource_health_values() -> None:
     assert POD is not None
     obj = {
         "metadata": {"name": "p"},
-        "spec": {"containers": [{"name": "c"}]},
+        "spec": {
+            "containers": [{"name": "c", "resources": {"claims": [{"name": "a", "request": "b"}]}}]
+        },
         "status": {
             "containerStatuses": [
                 {
