@@ -1,0 +1,549 @@
+"""HealthCache: update phases, leases pushed at expiry, restore grace, bounded input,
+and a model-based property test against a naive reference."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from drahealth.core import DeviceKey, Health
+from drahealth.core._health_cache import DEFAULT_TIMEOUT_SECONDS, HealthCache
+from drahealth.core._records import ChangeReason, DeviceEntry, HealthChange, ReportedDevice
+
+D = "gpu.example.com"
+H, U, X = Health.HEALTHY, Health.UNHEALTHY, Health.UNKNOWN
+
+
+class FakeClock:
+    def __init__(self, start: float) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(**kwargs: object) -> tuple[HealthCache, FakeClock, FakeClock]:
+    clock, wall = FakeClock(100.0), FakeClock(1_700_000_000.0)
+    cache = HealthCache(clock=clock, wall_clock=wall, **kwargs)  # type: ignore[arg-type]
+    return cache, clock, wall
+
+
+def rep(device: str, health: Health = H, message: str = "", timeout: int = 0) -> ReportedDevice:
+    return ReportedDevice("pool", device, health, message, timeout)
+
+
+def key(device: str, driver: str = D) -> DeviceKey:
+    return DeviceKey(driver, "pool", device)
+
+
+def change(
+    device: str,
+    old: Health,
+    new: Health,
+    message: str = "",
+    reason: ChangeReason = ChangeReason.REPORT,
+) -> HealthChange:
+    return HealthChange(key(device), old, new, message, reason)
+
+
+def advance(clock: FakeClock, wall: FakeClock, seconds: float) -> None:
+    clock.now += seconds
+    wall.now += seconds
+
+
+# -- update -----------------------------------------------------------------------
+
+
+def test_new_device_is_a_change_even_when_reported_unknown() -> None:
+    cache, _, _ = make()
+    assert cache.update(D, [rep("a", X, "warming up"), rep("b")]) == [
+        change("a", X, X, "warming up"),
+        change("b", X, H),
+    ]
+    assert cache.get(D, "pool", "a") == (X, "warming up")
+    assert cache.get(D, "pool", "b") == (H, "")
+
+
+def test_heartbeat_refreshes_without_change() -> None:
+    cache, clock, wall = make()
+    cache.update(D, [rep("a")])
+    advance(clock, wall, 20)
+    assert cache.update(D, [rep("a")]) == []
+    entry = cache.entry(D, "pool", "a")
+    assert entry is not None
+    assert entry.last_seen == 120.0
+    assert entry.last_seen_wall == 1_700_000_020.0
+    assert entry.changed_wall == 1_700_000_000.0
+    advance(clock, wall, 29)  # 49 s after the first report, 29 s after the heartbeat
+    assert cache.get(D, "pool", "a") == (H, "")
+
+
+@pytest.mark.parametrize(
+    ("second", "expected_new", "expected_message"),
+    [(rep("a", U), U, ""), (rep("a", H, "fan slow"), H, "fan slow"), (rep("a", H, "", 10), H, "")],
+)
+def test_health_message_or_timeout_difference_is_a_change(
+    second: ReportedDevice, expected_new: Health, expected_message: str
+) -> None:
+    cache, clock, wall = make()
+    cache.update(D, [rep("a")])
+    advance(clock, wall, 1)
+    assert cache.update(D, [second]) == [change("a", H, expected_new, expected_message)]
+    entry = cache.entry(D, "pool", "a")
+    assert entry is not None and entry.changed_wall == 1_700_000_001.0
+
+
+@pytest.mark.parametrize(("wire", "resolved"), [(0, 30.0), (-5, 30.0), (7, 7.0), (3600, 3600.0)])
+def test_timeout_resolution(wire: int, resolved: float) -> None:
+    cache, _, _ = make()
+    cache.update(D, [rep("a", timeout=wire)])
+    entry = cache.entry(D, "pool", "a")
+    assert entry is not None and entry.timeout == resolved
+    assert cache.min_timeout(D) == resolved
+
+
+def test_zero_and_negative_timeout_are_the_same_lease() -> None:
+    cache, _, _ = make()
+    cache.update(D, [rep("a", timeout=0)])
+    assert cache.update(D, [rep("a", timeout=-1)]) == []
+    assert cache.update(D, [rep("a", timeout=30)]) == []
+
+
+def test_duplicates_in_one_report_last_wins_one_change() -> None:
+    cache, _, _ = make()
+    assert cache.update(D, [rep("a", U), rep("a", H, "ok")]) == [change("a", X, H, "ok")]
+    # A duplicate that ends on the cached value is no change at all.
+    assert cache.update(D, [rep("a", U), rep("a", H, "ok")]) == []
+    assert cache.get(D, "pool", "a") == (H, "ok")
+
+
+def test_omitted_device_keeps_health_until_its_lease_ends() -> None:
+    cache, clock, wall = make()
+    cache.update(D, [rep("a", U, "ecc"), rep("b")])
+    advance(clock, wall, 30)  # exactly the lease: not strictly past
+    assert cache.update(D, [rep("b")]) == []
+    assert cache.get(D, "pool", "a") == (U, "ecc")
+    advance(clock, wall, 0.5)
+    assert cache.update(D, [rep("b")]) == [change("a", U, X, "", ChangeReason.EXPIRED)]
+    entry = cache.entry(D, "pool", "a")
+    assert entry is not None
+    assert (entry.health, entry.message) == (X, "")
+    assert entry.last_seen == 100.0  # last seen in a report, not the expiry time
+    assert entry.changed_wall == 1_700_000_030.5
+
+
+def test_omitted_stored_unknown_device_is_untouched() -> None:
+    cache, clock, wall = make()
+    cache.update(D, [rep("a", X, "booting"), rep("b")])
+    advance(clock, wall, 100)
+    assert cache.update(D, [rep("b")]) == []
+    entry = cache.entry(D, "pool", "a")
+    assert entry is not None and (entry.health, entry.message) == (X, "booting")
+
+
+def test_phase2_only_touches_the_reporting_driver() -> None:
+    cache, clock, wall = make()
+    cache.update("other.example.com", [rep("z")])
+    cache.update(D, [rep("a")])
+    advance(clock, wall, 31)
+    assert cache.update(D, [rep("a")]) == []
+    stored = cache.entry("other.example.com", "pool", "z")
+    assert stored is not None and stored.health is H  # stored untouched (no expire() call)
+    assert cache.get("other.example.com", "pool", "z") == (X, "")  # but reads stale
+
+
+def test_phase2_changes_sorted_after_reported_changes() -> None:
+    cache, clock, wall = make()
+    cache.update(D, [rep("c"), rep("a"), rep("b")])
+    advance(clock, wall, 31)
+    changes = cache.update(D, [rep("new")])
+    assert [c.key.device for c in changes] == ["new", "a", "b", "c"]
+    assert [c.reason for c in changes] == [ChangeReason.REPORT] + [ChangeReason.EXPIRED] * 3
+
+
+def test_empty_report_creates_no_driver_entry() -> None:
+    cache, _, _ = make()
+    assert cache.update(D, []) == []
+    assert cache.drivers() == []
+    assert cache.entries() == []
+    assert cache.min_timeout(D) == DEFAULT_TIMEOUT_SECONDS
+
+
+def test_message_is_truncated_defensively() -> None:
+    cache, _, _ = make()
+    cache.update(D, [rep("a", U, "é" * 1000)])
+    health, message = cache.get(D, "pool", "a")
+    assert health is U
+    assert len(message.encode()) <= 1024 and message.endswith("...")
+
+
+# -- get ---------------------------------------------------------------------------
+
+
+def test_get_absent_and_stale_read_unknown_without_modifying() -> None:
+    cache, clock, wall = make()
+    assert cache.get(D, "pool", "nope") == (X, "")
+    cache.update(D, [rep("a", U, "ecc", timeout=10)])
+    advance(clock, wall, 10)
+    assert cache.get(D, "pool", "a") == (U, "ecc")
+    advance(clock, wall, 0.001)
+    assert cache.get(D, "pool", "a") == (X, "")
+    entry = cache.entry(D, "pool", "a")
+    assert entry is not None and entry.health is U and entry.message == "ecc"
+    assert cache.get(D, "other-pool", "a") == (X, "")
+    assert cache.get("other.example.com", "pool", "a") == (X, "")
+
+
+# -- deadlines pushed at expiry ----------------------------------------------------
+
+
+def test_next_deadline_tracks_earliest_lease() -> None:
+    cache, clock, wall = make()
+    assert cache.next_deadline() is None
+    cache.update(D, [rep("a", timeout=10), rep("b", timeout=5), rep("c", X, timeout=1)])
+    assert cache.next_deadline() == 105.0  # c is stored Unknown: no lease to run
+    advance(clock, wall, 3)
+    cache.update(D, [rep("a", timeout=10), rep("b", timeout=5)])  # heartbeat
+    assert cache.next_deadline() == 108.0
+    cache.update(D, [rep("a", timeout=1)])  # lease shortened: deadline moves earlier
+    assert cache.next_deadline() == 104.0
+    cache.update(D, [rep("a", X, timeout=1), rep("b", X, timeout=5)])
+    assert cache.next_deadline() is None
+
+
+def test_expire_fires_strictly_after_the_deadline() -> None:
+    cache, clock, _ = make()
+    cache.update(D, [rep("a", U, "ecc", timeout=10), rep("b", timeout=20)])
+    clock.now = 110.0
+    assert cache.expire() == []
+    clock.now = 110.5
+    assert cache.expire() == [change("a", U, X, "", ChangeReason.EXPIRED)]
+    assert cache.expire() == []
+    assert cache.next_deadline() == 120.0
+    entry = cache.entry(D, "pool", "a")
+    assert entry is not None and (entry.health, entry.message) == (X, "")
+    clock.now = 500.0
+    assert cache.expire() == [change("b", H, X, "", ChangeReason.EXPIRED)]
+    assert cache.next_deadline() is None
+
+
+def test_expire_returns_changes_in_deadline_order_across_drivers() -> None:
+    cache, clock, _ = make()
+    cache.update("z.example.com", [rep("a", timeout=1)])
+    cache.update(D, [rep("b", timeout=3), rep("c", timeout=2)])
+    clock.now = 1000.0
+    assert [str(c.key) for c in cache.expire()] == [
+        "z.example.com/pool/a",
+        f"{D}/pool/c",
+        f"{D}/pool/b",
+    ]
+
+
+def test_heartbeat_after_deadline_queued_keeps_device_alive() -> None:
+    cache, clock, wall = make()
+    cache.update(D, [rep("a", timeout=10)])
+    assert cache.next_deadline() == 110.0
+    for _ in range(5):
+        advance(clock, wall, 9)
+        cache.update(D, [rep("a", timeout=10)])
+        assert cache.expire() == []
+    assert cache.next_deadline() == clock.now + 10
+
+
+def test_report_after_expiry_revives_device() -> None:
+    cache, clock, wall = make()
+    cache.update(D, [rep("a")])
+    advance(clock, wall, 31)
+    cache.expire()
+    assert cache.update(D, [rep("a")]) == [change("a", X, H)]
+    assert cache.next_deadline() == clock.now + 30
+
+
+def test_heap_garbage_stays_bounded() -> None:
+    cache, clock, wall = make()
+    cache.update(D, [rep(f"d{i}", timeout=5 + i) for i in range(10)])
+    for n in range(2000):
+        advance(clock, wall, 0.01)
+        # Shrinking leases push new heap items; flips to Unknown orphan them.
+        cache.update(D, [rep(f"d{n % 10}", X if n % 2 else H, timeout=5 + (n % 7))])
+        assert len(cache._heap) <= 2 * len(cache) + 64
+    assert cache.next_deadline() == min(
+        e.last_seen + e.timeout for e in cache.entries() if e.health is not X
+    )
+
+
+# -- clear_driver ----------------------------------------------------------------
+
+
+def test_clear_driver_drops_everything_and_reports_known_devices() -> None:
+    cache, clock, _ = make()
+    cache.update(D, [rep("b", U, "ecc"), rep("a"), rep("c", X)])
+    cache.update("other.example.com", [rep("z")])
+    assert cache.clear_driver(D) == [
+        change("a", H, X, "", ChangeReason.CLEARED),
+        change("b", U, X, "", ChangeReason.CLEARED),
+    ]
+    assert cache.drivers() == ["other.example.com"]
+    assert len(cache) == 1
+    assert cache.get(D, "pool", "a") == (X, "")
+    assert cache.clear_driver(D) == []
+    # The cleared devices' leases are gone from the deadline queue.
+    assert cache.next_deadline() == 130.0
+    cache.clear_driver("other.example.com")
+    assert cache.next_deadline() is None
+    clock.now = 1000.0
+    assert cache.expire() == []
+
+
+def test_clear_then_report_again_is_new() -> None:
+    cache, _, _ = make()
+    cache.update(D, [rep("a", timeout=5)])
+    cache.clear_driver(D)
+    assert cache.update(D, [rep("a", timeout=50)]) == [change("a", X, H)]
+    assert cache.next_deadline() == 150.0
+
+
+# -- restore -----------------------------------------------------------------------
+
+
+def stored(device: str, health: Health, message: str = "", timeout: float = 30.0) -> DeviceEntry:
+    return DeviceEntry(D, "pool", device, health, message, timeout, 0.0, 1_600_000_000.0, 1.0)
+
+
+def test_restore_restarts_leases_with_grace() -> None:
+    cache, clock, _ = make()
+    changes = cache.restore(
+        [stored("b", U, "ecc"), stored("a", H), stored("c", X, "booting"), stored("s", H, "", 4)],
+        grace=10,
+    )
+    assert changes == [
+        change("a", X, H, "", ChangeReason.RESTORED),
+        change("b", X, U, "ecc", ChangeReason.RESTORED),
+        change("s", X, H, "", ChangeReason.RESTORED),
+    ]
+    assert cache.get(D, "pool", "a") == (H, "")
+    assert cache.get(D, "pool", "c") == (X, "booting")
+    # deadline = now + min(grace, timeout): the short-lease device keeps its real lease
+    assert cache.next_deadline() == 104.0
+    entry = cache.entry(D, "pool", "a")
+    assert entry is not None
+    assert entry.last_seen == 100.0 - 30 + 10
+    assert (entry.last_seen_wall, entry.changed_wall) == (1_600_000_000.0, 1.0)
+    clock.now = 104.5
+    assert [c.key.device for c in cache.expire()] == ["s"]
+    clock.now = 110.0
+    assert cache.get(D, "pool", "a") == (H, "")
+    clock.now = 110.5
+    assert [c.key.device for c in cache.expire()] == ["a", "b"]
+
+
+def test_restore_then_report_refreshes_and_omitted_devices_decay() -> None:
+    cache, clock, wall = make()
+    cache.restore([stored("a", H), stored("b", H)], grace=10)
+    advance(clock, wall, 5)
+    assert cache.update(D, [rep("a")]) == []  # same values: the reconnect is a heartbeat
+    advance(clock, wall, 6)  # 11 s after restore: b's grace is over
+    assert cache.update(D, [rep("a")]) == [change("b", H, X, "", ChangeReason.EXPIRED)]
+    assert cache.get(D, "pool", "a") == (H, "")
+
+
+def test_restore_skips_live_devices_bad_entries_and_overflow() -> None:
+    cache, _, _ = make(max_devices=3)
+    cache.update(D, [rep("a", U, "live")])
+    bad = [
+        DeviceEntry("", "pool", "x", H, "", 30.0, 0.0, 0.0, 0.0),
+        DeviceEntry(D, "", "x", H, "", 30.0, 0.0, 0.0, 0.0),
+        DeviceEntry(D, "pool", "x", H, "", 0.0, 0.0, 0.0, 0.0),
+        DeviceEntry(D, "pool", "x", "Healthy", "", 30.0, 0.0, 0.0, 0.0),  # type: ignore[arg-type]
+    ]
+    changes = cache.restore(
+        [stored("a", H), *bad, stored("b", H), stored("c", H), stored("d", H)], grace=5
+    )
+    assert [c.key.device for c in changes] == ["b", "c"]
+    assert cache.get(D, "pool", "a") == (U, "live")
+    assert len(cache) == 3
+    assert cache.rejected_total == 5
+    assert cache.last_rejection is not None and "cache is full" in cache.last_rejection
+
+
+@pytest.mark.parametrize("grace", [-1.0, float("nan"), float("inf")])
+def test_restore_rejects_bad_grace(grace: float) -> None:
+    cache, _, _ = make()
+    with pytest.raises(ValueError, match="grace"):
+        cache.restore([], grace=grace)
+
+
+# -- bounded input ----------------------------------------------------------------
+
+
+def test_bad_entries_are_skipped_and_counted_rest_of_report_applies() -> None:
+    cache, _, _ = make(max_name_bytes=8)
+    reports = [
+        ReportedDevice("", "x", H),
+        ReportedDevice("pool", "", H),
+        ReportedDevice("pool", "d" * 9, H),
+        ReportedDevice("pool", "é" * 5, H),  # 10 UTF-8 bytes
+        ReportedDevice("pool", "d" * 8, H),  # exactly the limit: accepted
+        ReportedDevice("pool", "ok", "Healthy"),  # type: ignore[arg-type]
+        ReportedDevice("pool", "ok2", H, "", "10"),  # type: ignore[arg-type]
+        rep("good"),
+    ]
+    changes = cache.update(D, reports)
+    assert [c.key.device for c in changes] == ["d" * 8, "good"]
+    assert cache.rejected_total == 6
+    assert cache.last_rejection is not None and "timeout_seconds" in cache.last_rejection
+
+
+def test_rejection_messages_name_the_problem() -> None:
+    cache, _, _ = make(max_name_bytes=4)
+    cache.update(D, [ReportedDevice("pool", "", H)])
+    assert cache.last_rejection == f"{D}: report entry 'pool'/'': device name is empty"
+    cache.update(D, [ReportedDevice("poolpool", "x", H)])
+    assert cache.last_rejection is not None
+    assert "pool name is 8 bytes long (limit 4)" in cache.last_rejection
+
+
+def test_max_devices_bounds_new_devices_only() -> None:
+    cache, clock, wall = make(max_devices=2)
+    cache.update(D, [rep("a"), rep("b"), rep("c")])
+    assert len(cache) == 2
+    assert cache.rejected_total == 1
+    assert cache.entry(D, "pool", "c") is None
+    advance(clock, wall, 1)
+    assert cache.update(D, [rep("a", U), rep("b", U), rep("c", U)]) == [
+        change("a", H, U),
+        change("b", H, U),
+    ]
+    assert cache.rejected_total == 2
+    cache.update("other.example.com", [rep("z")])
+    assert cache.drivers() == [D]
+    cache.clear_driver(D)
+    cache.update("other.example.com", [rep("z")])
+    assert cache.drivers() == ["other.example.com"]
+
+
+@pytest.mark.parametrize("driver", ["", None, 3])
+def test_bad_driver_name_raises(driver: object) -> None:
+    cache, _, _ = make()
+    with pytest.raises(ValueError, match="driver name"):
+        cache.update(driver, [rep("a")])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"default_timeout": 0}, "default_timeout"),
+        ({"default_timeout": -1.0}, "default_timeout"),
+        ({"default_timeout": float("inf")}, "default_timeout"),
+        ({"max_devices": -1}, "max_devices"),
+        ({"max_name_bytes": 0}, "max_name_bytes"),
+    ],
+)
+def test_constructor_validates(kwargs: dict[str, float], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        HealthCache(**kwargs)  # type: ignore[arg-type]
+
+
+def test_entries_sorted_and_filtered() -> None:
+    cache, _, _ = make(default_timeout=12.5)
+    cache.update("z.example.com", [rep("b"), rep("a")])
+    cache.update(D, [rep("y", timeout=3), rep("x")])
+    assert [str(e.key) for e in cache.entries()] == [
+        f"{D}/pool/x",
+        f"{D}/pool/y",
+        "z.example.com/pool/a",
+        "z.example.com/pool/b",
+    ]
+    assert [e.device for e in cache.entries(D)] == ["x", "y"]
+    assert cache.entries("nope") == []
+    assert cache.drivers() == [D, "z.example.com"]
+    assert cache.min_timeout(D) == 3.0
+    assert cache.min_timeout("z.example.com") == 12.5
+
+
+# -- model-based property test ---------------------------------------------------
+
+
+class Model:
+    """A naive reference: full scans, exactly the documented rules."""
+
+    def __init__(self) -> None:
+        self.d: dict[DeviceKey, tuple[Health, str, float, float]] = {}
+
+    def update(self, now: float, driver: str, reports: list[ReportedDevice]) -> set[DeviceKey]:
+        changed: set[DeviceKey] = set()
+        final = {(r.pool, r.device): r for r in reports}
+        for (pool, device), r in final.items():
+            k = DeviceKey(driver, pool, device)
+            t = float(r.timeout_seconds) if r.timeout_seconds > 0 else 30.0
+            old = self.d.get(k)
+            if old is None or old[:3] != (r.health, r.message, t):
+                changed.add(k)
+            self.d[k] = (r.health, r.message, t, now)
+        for k, (h, _m, t, seen) in list(self.d.items()):
+            omitted = k.driver == driver and (k.pool, k.device) not in final
+            if omitted and h is not X and now - seen > t:
+                self.d[k] = (X, "", t, seen)
+                changed.add(k)
+        return changed
+
+    def expire(self, now: float) -> set[DeviceKey]:
+        out = set()
+        for k, (h, _m, t, seen) in list(self.d.items()):
+            if h is not X and now - seen > t:
+                self.d[k] = (X, "", t, seen)
+                out.add(k)
+        return out
+
+    def deadline(self) -> float | None:
+        return min((seen + t for h, _m, t, seen in self.d.values() if h is not X), default=None)
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("update"),
+            st.sampled_from(["d1", "d2"]),
+            st.lists(
+                st.builds(
+                    ReportedDevice,
+                    st.just("p"),
+                    st.sampled_from(["a", "b", "c", "d"]),
+                    st.sampled_from(list(Health)),
+                    st.sampled_from(["", "m"]),
+                    st.sampled_from([0, -1, 1, 2, 5, 30]),
+                ),
+                max_size=5,
+            ),
+        ),
+        st.tuples(st.just("tick"), st.sampled_from([0.5, 1.0, 2.0, 5.0, 31.0])),
+        st.tuples(st.just("expire")),
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops)
+def test_cache_matches_naive_model(program: list[tuple[object, ...]]) -> None:
+    cache, clock, wall = make()
+    model = Model()
+    for op in program:
+        if op[0] == "update":
+            driver, reports = op[1], op[2]
+            assert isinstance(driver, str) and isinstance(reports, list)
+            got = {c.key for c in cache.update(driver, reports)}
+            assert got == model.update(clock.now, driver, reports)
+        elif op[0] == "tick":
+            assert isinstance(op[1], float)
+            advance(clock, wall, op[1])
+        else:
+            assert {c.key for c in cache.expire()} == model.expire(clock.now)
+        assert cache.next_deadline() == model.deadline()
+        for k, (h, m, t, seen) in model.d.items():
+            expected = (X, "") if clock.now - seen > t else (h, m)
+            assert cache.get(k.driver, k.pool, k.device) == expected
+            entry = cache.entry(k.driver, k.pool, k.device)
+            assert entry is not None and (entry.health, entry.message, entry.timeout) == (h, m, t)
+        assert len(cache) == len(model.d)
