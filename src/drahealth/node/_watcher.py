@@ -139,7 +139,9 @@ class PluginWatcher:
     ``plugins/``). ``rescan_interval``: longest time between two passes.
     ``probe_interval`` / ``probe_failures``: liveness probing of registered
     sockets. ``getinfo_timeout``: every ``GetInfo`` (registration and probes);
-    ``notify_timeout``: every ``NotifyRegistrationStatus``.
+    ``notify_timeout``: every ``NotifyRegistrationStatus``. ``notify=False``
+    (observer mode, beside a real kubelet that already answers the plugin): never
+    call ``NotifyRegistrationStatus``.
     """
 
     def __init__(
@@ -153,6 +155,7 @@ class PluginWatcher:
         probe_failures: int = 2,
         getinfo_timeout: float = 1.0,
         notify_timeout: float = 5.0,
+        notify: bool = True,
     ) -> None:
         if not registry_dir:
             raise ValueError("registry_dir must not be empty")
@@ -177,6 +180,7 @@ class PluginWatcher:
         self._probe_failures = probe_failures
         self._getinfo_timeout = _positive("getinfo_timeout", getinfo_timeout)
         self._notify_timeout = _positive("notify_timeout", notify_timeout)
+        self._notify_enabled = notify
 
         self._entries: dict[str, _Entry] = {}
         self._registered: dict[str, PluginInfo] = {}
@@ -368,6 +372,8 @@ class PluginWatcher:
     async def _notify(
         self, stub: api.registration_grpc.RegistrationAsyncStub, path: str, ok: bool, error: str
     ) -> None:
+        if not self._notify_enabled:
+            return
         status = api.registration.RegistrationStatus(plugin_registered=ok, error=error)
         timeout = self._notify_timeout
         try:

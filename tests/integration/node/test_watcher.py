@@ -693,3 +693,19 @@ def test_bad_arguments(kw: dict[str, Any], error: type[Exception], match: str) -
 def test_empty_registry_dir_is_refused() -> None:
     with pytest.raises(ValueError, match="registry_dir"):
         PluginWatcher("", RecordingHandler())
+
+
+async def test_observer_watcher_registers_without_notifying(
+    dirs: tuple[str, str], handler: RecordingHandler
+) -> None:
+    """Beside a real kubelet (observer mode) the kubelet answers the plugin; the agent
+    must not send its own NotifyRegistrationStatus."""
+    base, registry = dirs
+    handle = await start_plugin(TinyDriver(), plugin_options(base))
+    try:
+        async with watching(registry, handler, notify=False) as watcher:
+            assert handler.count("register") == 1 and len(watcher.registered) == 1
+            await asyncio.sleep(0.2)
+            assert handle.registration_status is None
+    finally:
+        await handle.stop(0)
