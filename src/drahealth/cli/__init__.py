@@ -16,6 +16,7 @@ from drahealth import __version__
 
 #: command name -> "module:attribute" of its click command.
 COMMANDS: dict[str, str] = {
+    "agent": "drahealth.node.cli:agent_command",
     "apiserver": "drahealth.controlplane.cli:apiserver_command",
     "demo": "drahealth.cli.demo:demo_command",
     "driver": "drahealth.driver.cli:driver_command",

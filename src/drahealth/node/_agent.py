@@ -1,0 +1,203 @@
+"""The node agent process: wires watcher, registry, health pipeline and a mode.
+
+Owns :class:`AgentConfig` (every knob with its default) and :class:`NodeAgent`,
+which starts the parts in dependency order and stops them in reverse:
+
+1. health pipeline (store replay with restart grace, expiry timer);
+2. claim tracker (checkpoint load);
+3. plugin registry (streams, DRA clients) and plugin watcher (registration);
+4. the mode: ``kubelet`` (:class:`~drahealth.node._kubelet.KubeletMode`, writes pod
+   status) or ``observer`` (:class:`~drahealth.node._observer.ObserverMode`, beside a
+   real kubelet: Events, metrics and post-mortem records, never pod status);
+5. the metrics endpoint.
+
+Problems found at start (a corrupt store or checkpoint, quarantined) are logged and
+kept in :attr:`NodeAgent.problems`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from lightkube import AsyncClient
+
+from drahealth._metrics_http import MetricsServer
+from drahealth.core._status import StatusBuilder, StatusOptions
+from drahealth.node._claims import ClaimTracker
+from drahealth.node._events import EventRecorder
+from drahealth.node._metrics import AgentMetrics
+from drahealth.node._pipeline import HealthPipeline
+from drahealth.node._registry import PluginRegistry
+from drahealth.node._watcher import PluginWatcher
+
+__all__ = ["AgentConfig", "NodeAgent"]
+
+log = logging.getLogger(__name__)
+
+
+class Mode(Protocol):
+    """What the agent runs on top of the health pipeline."""
+
+    async def start(self) -> None: ...
+    async def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Everything the agent needs; defaults follow the kubelet."""
+
+    node_name: str
+    registry_dir: str
+    state_dir: str
+    mode: Literal["kubelet", "observer"] = "kubelet"
+    #: Lease of a device whose report carries no timeout (kubelet: 30 s).
+    default_timeout: float = 30.0
+    #: After a restart, restored devices keep their health this long (or until a
+    #: report) before their lease decides.
+    restart_grace: float = 10.0
+    #: Kubelet gates: ``ResourceHealthStatus`` and ``ResourceHealthStatusMessage``.
+    health_status: bool = True
+    health_message: bool = True
+    #: ``cdi`` (upstream: first CDI device ID) or ``device`` (``<driver>/<pool>/<device>``).
+    resource_id: Literal["cdi", "device"] = "cdi"
+    #: Endpoints must lie inside one of these (default: the registry dir's parent).
+    allowed_roots: Sequence[str] | None = None
+    rescan_interval: float = 1.0
+    probe_interval: float = 10.0
+    resync_interval: float = 60.0
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    #: Observer mode: the kubelet's PodResources socket.
+    podresources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    #: Observer mode: how often PodResources is listed.
+    podresources_interval: float = 5.0
+    #: Observer mode: namespace of the per-node post-mortem ConfigMap.
+    postmortem_namespace: str = "default"
+
+    def __post_init__(self) -> None:
+        if not self.node_name:
+            raise ValueError("node name must not be empty")
+        if self.mode not in ("kubelet", "observer"):
+            raise ValueError(f"mode must be kubelet or observer, not {self.mode!r}")
+        if self.default_timeout <= 0:
+            raise ValueError(f"default timeout must be > 0 seconds, got {self.default_timeout}")
+        if self.restart_grace < 0:
+            raise ValueError(f"restart grace must be >= 0 seconds, got {self.restart_grace}")
+
+
+class NodeAgent:
+    """One node's agent (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        client: AsyncClient | None,
+        *,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        if config.mode == "kubelet" and client is None:
+            raise ValueError("kubelet mode needs API access (a kubeconfig)")
+        self.config = config
+        self.client = client
+        self._say = say or (lambda _msg: None)
+        self.problems: list[str] = []
+        self.pipeline = HealthPipeline(
+            config.state_dir,
+            default_timeout=config.default_timeout,
+            restart_grace=config.restart_grace,
+        )
+        self.tracker = ClaimTracker(config.state_dir)
+        self.metrics = AgentMetrics(config.node_name)
+        self.registry = PluginRegistry(
+            on_report=self.pipeline.report,
+            health_enabled=config.health_status,
+            default_timeout=config.default_timeout,
+        )
+        roots = config.allowed_roots
+        if roots is None:
+            roots = [os.path.dirname(os.path.abspath(config.registry_dir))]
+        self.watcher = PluginWatcher(
+            config.registry_dir,
+            self.registry,
+            allowed_roots=roots,
+            rescan_interval=config.rescan_interval,
+            probe_interval=config.probe_interval,
+            notify=config.mode == "kubelet",
+        )
+        self.builder = StatusBuilder(
+            StatusOptions(
+                health_status=config.health_status,
+                health_message=config.health_message,
+                resource_id=config.resource_id,
+            )
+        )
+        self.events = EventRecorder(client, config.node_name)
+        self.mode: Mode | None = None
+        self.metrics_server: MetricsServer | None = None
+        self._started: list[str] = []
+
+    async def start(self) -> None:
+        os.makedirs(self.config.state_dir, mode=0o700, exist_ok=True)
+        await self.pipeline.start()
+        self._started.append("pipeline")
+        if self.pipeline.problem:
+            self.problems.append(self.pipeline.problem)
+        problem = self.tracker.load()
+        if problem:
+            log.warning("%s", problem)
+            self.problems.append(problem)
+        self.pipeline.add_listener(self.metrics.on_changes)
+        self.metrics.on_changes(self.pipeline.restored)
+        self.metrics.watch(self._reconnects, lambda: len(self.tracker.claims()))
+        if self.config.mode == "kubelet":
+            from drahealth.node._kubelet import KubeletMode
+
+            assert self.client is not None
+            self.mode = KubeletMode(
+                self.client,
+                self.config.node_name,
+                self.registry,
+                self.tracker,
+                self.pipeline,
+                self.builder,
+                self.events,
+                resync_interval=self.config.resync_interval,
+                on_status_written=self.metrics.observe_latency,
+            )
+        else:
+            from drahealth.node._observer import ObserverMode
+
+            self.mode = ObserverMode(self.config, self.client, self.pipeline, self.events)
+        await self.watcher.start()
+        self._started.append("watcher")
+        await self.mode.start()
+        self._started.append("mode")
+        if self.config.metrics_port is not None:
+            self.metrics_server = MetricsServer(self.metrics.registry)
+            await self.metrics_server.start(self.config.metrics_host, self.config.metrics_port)
+            self._say(f"metrics: {self.metrics_server.url}")
+
+    async def stop(self) -> None:
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
+            self.metrics_server = None
+        if "mode" in self._started and self.mode is not None:
+            await self.mode.stop()
+        if "watcher" in self._started:
+            await self.watcher.stop()
+        await self.registry.close()
+        if "pipeline" in self._started:
+            await self.pipeline.stop()
+        self._started.clear()
+
+    def _reconnects(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for driver in self.registry.drivers():
+            stream = self.registry.stream(driver)
+            if stream is not None:
+                out[driver] = stream.reconnects
+        return out

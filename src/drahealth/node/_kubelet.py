@@ -1,0 +1,463 @@
+"""Kubelet mode: the agent plays the node's kubelet for pods bound to its node.
+
+Owns the pod lifecycle a kubelet runs for DRA on the embedded control plane:
+
+* watch Pods with ``spec.nodeName = <node>`` (a reflector);
+* for a pending pod whose claims are allocated: NodePrepareResources through the
+  driver's newest connected plugin instance, record the devices in the claim
+  tracker, then set the pod Running with container statuses and
+  ``allocatedResourcesStatus``;
+* a failed prepare records a ``FailedPrepareDynamicResources`` Event (saying whether
+  the driver classified the error as permanent); a permanent one sets the pod
+  ``Failed`` with reason ``DRAPrepareFailedPermanently`` (KEP-5322 design), any
+  other is retried with capped jittered backoff;
+* a pod that ended (Succeeded/Failed) or was deleted releases its claims; a claim no
+  pod needs is unprepared and kept as a tombstone so the ended pod's status still
+  receives its devices' health (post-mortem);
+* the status writer: health changes and pod events mark pods dirty (a coalescing set,
+  never dropped); one writer task recomputes each dirty pod's status with the
+  :class:`~drahealth.core._status.StatusBuilder` and sends a merge patch only when it
+  differs.
+
+It does not allocate (claims must already carry ``status.allocation``) and does not
+check ``status.reservedFor``. Knows nothing of plugin sockets (the registry does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+from lightkube.resources.core_v1 import Pod
+from lightkube.resources.resource_v1 import ResourceClaim
+
+from drahealth.core._records import ClaimInfo, HealthChange, PreparedDeviceInfo
+from drahealth.core._status import StatusBuilder, resolve_claim_name
+from drahealth.kube import Backoff, Reflector, patch_status
+from drahealth.node._claims import ClaimTracker
+from drahealth.node._events import (
+    REASON_DEVICE_HEALTHY,
+    REASON_DEVICE_UNHEALTHY,
+    REASON_DEVICE_UNKNOWN,
+    REASON_PREPARE_FAILED,
+    REASON_PREPARE_FAILED_PERMANENT,
+    EventRecorder,
+)
+from drahealth.node._pipeline import HealthPipeline
+from drahealth.node._registry import PluginRegistry
+
+__all__ = ["KubeletMode"]
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+_ENDED = ("Succeeded", "Failed")
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class _Retry(Exception):
+    """Prepare cannot finish yet; try again later (message says why)."""
+
+
+class _Permanent(Exception):
+    """The driver classified a prepare error as permanent."""
+
+
+class KubeletMode:
+    """Pod lifecycle and status writing for one node (see the module docstring)."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        node_name: str,
+        registry: PluginRegistry,
+        tracker: ClaimTracker,
+        pipeline: HealthPipeline,
+        builder: StatusBuilder,
+        events: EventRecorder,
+        *,
+        resync_interval: float = 60.0,
+        retry_initial: float = 0.2,
+        retry_max: float = 10.0,
+        on_status_written: Callable[[float], None] | None = None,
+    ) -> None:
+        self.client = client
+        self.node = node_name
+        self.registry = registry
+        self.tracker = tracker
+        self.pipeline = pipeline
+        self.builder = builder
+        self.events = events
+        self.resync_interval = resync_interval
+        self._retry = (retry_initial, retry_max)
+        self._on_status_written = on_status_written
+        self.pods: Reflector[Pod] = Reflector(
+            client, Pod, fields={"spec.nodeName": node_name}, name=f"pods-on-{node_name}"
+        )
+        self._by_uid: dict[str, tuple[str, str]] = {}
+        self._sync_dirty: set[str] = set()
+        self._status_dirty: dict[str, float] = {}  # pod uid -> clock of the oldest change
+        self._sync_wake = asyncio.Event()
+        self._status_wake = asyncio.Event()
+        self._backoff: dict[str, Backoff] = {}
+        self._not_before: dict[str, float] = {}
+        self._inflight: set[str] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._pod_tasks: set[asyncio.Task[None]] = set()
+        self.status_patches = 0
+        self.prepare_failures = 0
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.pods.add_handler(self._on_pod_event)
+        self.pipeline.add_listener(self._on_health_changes)
+        await self.pods.start()
+        await self.pods.wait_synced(timeout=30)
+        # Pods that disappeared while the agent was down: release their claims.
+        live = {self._uid(p) for p in self.pods.store.list()}
+        for tracked in self.tracker.claims():
+            for pod_uid in list(tracked.live - live):
+                self._sync_dirty.add(pod_uid)
+        self._tasks = [
+            asyncio.create_task(self._sync_loop(), name="kubelet-sync"),
+            asyncio.create_task(self._status_loop(), name="kubelet-status"),
+            asyncio.create_task(self._resync_loop(), name="kubelet-resync"),
+        ]
+        self._mark_all()
+
+    async def stop(self) -> None:
+        for task in [*self._tasks, *self._pod_tasks]:
+            task.cancel()
+        for task in [*self._tasks, *self._pod_tasks]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        await self.pods.stop()
+        await self.events.drain()
+
+    # -- inputs ------------------------------------------------------------------
+
+    @staticmethod
+    def _uid(pod: Pod) -> str:
+        return str(pod.metadata.uid) if pod.metadata and pod.metadata.uid else ""
+
+    def _on_pod_event(self, event_type: str, pod: Pod, old: Pod | None) -> None:
+        uid = self._uid(pod)
+        if not uid or pod.metadata is None:
+            return
+        self._by_uid[uid] = (pod.metadata.namespace or "default", pod.metadata.name or "")
+        self._sync_dirty.add(uid)
+        self._sync_wake.set()
+
+    def _on_health_changes(self, changes: list[HealthChange]) -> None:
+        pods = self.tracker.pods_for(c.key for c in changes)
+        now = time.monotonic()
+        for uid in pods:
+            self._status_dirty.setdefault(uid, now)
+        if pods:
+            self._status_wake.set()
+        for change in changes:
+            if change.old is change.new:
+                continue
+            for uid in self.tracker.pods_for([change.key]):
+                pod = self._pod_dict(uid)
+                if pod is not None:
+                    self._health_event(pod, change)
+
+    def _health_event(self, pod: JSON, change: HealthChange) -> None:
+        what = f"device {change.key} is {change.new.value}"
+        if change.message:
+            what += f": {change.message}"
+        if change.new.value == "Unhealthy":
+            self.events.pod_event(pod, "Warning", REASON_DEVICE_UNHEALTHY, what)
+        elif change.new.value == "Unknown":
+            why = " (no report within its lease)" if change.reason == "expired" else ""
+            self.events.pod_event(pod, "Warning", REASON_DEVICE_UNKNOWN, what + why)
+        else:
+            self.events.pod_event(pod, "Normal", REASON_DEVICE_HEALTHY, what)
+
+    def _mark_all(self) -> None:
+        now = time.monotonic()
+        for pod in self.pods.store.list():
+            uid = self._uid(pod)
+            if not uid or pod.metadata is None:
+                continue
+            self._by_uid.setdefault(
+                uid, (pod.metadata.namespace or "default", pod.metadata.name or "")
+            )
+            self._sync_dirty.add(uid)
+            self._status_dirty.setdefault(uid, now)
+        self._sync_wake.set()
+        self._status_wake.set()
+
+    def _pod_dict(self, uid: str) -> JSON | None:
+        ref = self._by_uid.get(uid)
+        if ref is None:
+            return None
+        pod = self.pods.store.get(*ref)
+        if pod is None or self._uid(pod) != uid:
+            return None
+        data: JSON = pod.to_dict()
+        return data
+
+    # -- pod sync ----------------------------------------------------------------
+
+    async def _sync_loop(self) -> None:
+        while True:
+            await self._sync_wake.wait()
+            self._sync_wake.clear()
+            now = time.monotonic()
+            for uid in list(self._sync_dirty):
+                if uid in self._inflight:
+                    continue  # picked up again when that sync ends
+                if self._not_before.get(uid, 0.0) > now:
+                    continue
+                self._sync_dirty.discard(uid)
+                self._inflight.add(uid)
+                task = asyncio.create_task(self._sync_pod(uid), name=f"sync-pod-{uid}")
+                self._pod_tasks.add(task)
+                task.add_done_callback(self._pod_tasks.discard)
+
+    async def _sync_pod(self, uid: str) -> None:
+        try:
+            pod = self._pod_dict(uid)
+            if pod is None:
+                await self._release_pod(uid, deleted=True)
+            elif (pod.get("status") or {}).get("phase") in _ENDED:
+                await self._release_pod(uid, deleted=False)
+                self._mark_status(uid)
+            else:
+                await self._run_pod(pod)
+            self._backoff.pop(uid, None)
+            self._not_before.pop(uid, None)
+        except _Retry as exc:
+            self._schedule_retry(uid, str(exc))
+        except _Permanent:
+            self._backoff.pop(uid, None)  # the pod is Failed now: no retry
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("syncing pod %s failed", uid)
+            self._schedule_retry(uid, f"{type(exc).__name__}: {exc}")
+        finally:
+            self._inflight.discard(uid)
+            if uid in self._sync_dirty:
+                self._sync_wake.set()
+
+    def _schedule_retry(self, uid: str, why: str) -> None:
+        backoff = self._backoff.setdefault(uid, Backoff(*self._retry))
+        delay = backoff.next()
+        log.info("pod %s: %s; retrying in %.2fs", uid, why, delay)
+        self._not_before[uid] = time.monotonic() + delay
+        self._sync_dirty.add(uid)
+        loop = asyncio.get_running_loop()
+        loop.call_later(delay, self._sync_wake.set)
+
+    async def _release_pod(self, uid: str, *, deleted: bool) -> None:
+        for tracked in self.tracker.claims_of_pod(uid):
+            if self.tracker.release(tracked.info.uid, uid):
+                await self._unprepare(tracked.info)
+                self.tracker.unprepared(tracked.info.uid)
+        if deleted:
+            self.tracker.forget_pod(uid)
+            self._by_uid.pop(uid, None)
+            self._status_dirty.pop(uid, None)
+
+    async def _unprepare(self, info: ClaimInfo) -> None:
+        ref = (info.namespace, info.name, info.uid)
+        for driver in sorted({d.driver for d in info.devices}):
+            try:
+                errors = await self.registry.dra_client(driver).unprepare([ref])
+            except LookupError as exc:
+                raise _Retry(f"unprepare {info.namespace}/{info.name}: {exc}") from exc
+            error = errors.get(info.uid, "")
+            if error:
+                raise _Retry(f"unprepare {info.namespace}/{info.name} by {driver}: {error}")
+
+    async def _run_pod(self, pod: JSON) -> None:
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid"))
+        namespace = str(meta.get("namespace") or "default")
+        prepared = {c.info.uid for c in self.tracker.claims_of_pod(uid)}
+        for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
+            name = resolve_claim_name(pod, ref.get("name", ""))
+            if name is None:
+                raise _Retry(f"claim {ref.get('name')!r} has no ResourceClaim name yet")
+            await self._prepare_claim(pod, namespace, name, prepared)
+        status = pod.get("status") or {}
+        if status.get("phase") != "Running":
+            await self._set_running(pod)
+        else:
+            self._mark_status(uid)
+
+    async def _prepare_claim(
+        self, pod: JSON, namespace: str, name: str, prepared: set[str]
+    ) -> None:
+        uid = str((pod.get("metadata") or {}).get("uid"))
+        try:
+            claim = await self.client.get(ResourceClaim, name, namespace=namespace)
+        except ApiError as exc:
+            raise _Retry(f"ResourceClaim {namespace}/{name}: {exc.status.message}") from exc
+        claim_uid = str(claim.metadata.uid) if claim.metadata else ""
+        if claim_uid in prepared:
+            return
+        allocation = claim.status.allocation if claim.status else None
+        if allocation is None or allocation.devices is None:
+            raise _Retry(f"ResourceClaim {namespace}/{name} is not allocated")
+        drivers = sorted({r.driver for r in allocation.devices.results or []})
+        devices: list[PreparedDeviceInfo] = []
+        for driver in drivers:
+            try:
+                client = self.registry.dra_client(driver)
+            except LookupError as exc:
+                self._prepare_failed(pod, name, str(exc), permanent=False)
+                raise _Retry(str(exc)) from exc
+            replies = await client.prepare([(namespace, name, claim_uid)])
+            reply = replies.get(claim_uid)
+            if reply is None:
+                msg = f"driver {driver} did not answer for claim {namespace}/{name}"
+                self._prepare_failed(pod, name, msg, permanent=False)
+                raise _Retry(msg)
+            if reply.error:
+                self._prepare_failed(pod, name, reply.error, permanent=reply.permanent)
+                if reply.permanent:
+                    await self._set_failed(pod, name, driver, reply.error)
+                    raise _Permanent(reply.error)
+                raise _Retry(f"prepare {namespace}/{name} by {driver}: {reply.error}")
+            devices.extend(reply.devices)
+        info = ClaimInfo(namespace, name, claim_uid, tuple(devices))
+        self.tracker.add(info, uid)
+        prepared.add(claim_uid)
+
+    def _prepare_failed(self, pod: JSON, claim: str, error: str, *, permanent: bool) -> None:
+        self.prepare_failures += 1
+        kind = "permanent" if permanent else "transient, will retry"
+        message = f"prepare of claim {claim} failed ({kind}): {error}"
+        self.events.pod_event(pod, "Warning", REASON_PREPARE_FAILED, message)
+
+    async def _set_failed(self, pod: JSON, claim: str, driver: str, error: str) -> None:
+        meta = pod.get("metadata") or {}
+        message = f"driver {driver} reported a permanent error preparing claim {claim}: {error}"
+        await patch_status(
+            self.client,
+            Pod,
+            str(meta.get("name")),
+            {"status": {"phase": "Failed", "reason": REASON_PREPARE_FAILED_PERMANENT,
+                        "message": message}},
+            namespace=meta.get("namespace"),
+        )  # fmt: skip
+
+    async def _set_running(self, pod: JSON) -> None:
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        uid = str(meta.get("uid"))
+        now = _now()
+        running = {"running": {"startedAt": now}}
+
+        def container_status(c: JSON, *, init: bool) -> JSON:
+            sidecar = init and c.get("restartPolicy") == "Always"
+            done = init and not sidecar
+            state = (
+                {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now,
+                                "finishedAt": now}}
+                if done else running
+            )  # fmt: skip
+            return {
+                "name": c.get("name"),
+                "image": c.get("image", ""),
+                "imageID": "",
+                "containerID": f"drahealth://{uid}/{c.get('name')}",
+                "ready": not done,
+                "started": not done,
+                "restartCount": 0,
+                "state": state,
+            }
+
+        status: JSON = {
+            "phase": "Running",
+            "startTime": now,
+            "conditions": [
+                {"type": t, "status": "True", "lastTransitionTime": now}
+                for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+            ],
+            "containerStatuses": [
+                container_status(c, init=False) for c in spec.get("containers") or []
+            ],
+        }
+        if spec.get("initContainers"):
+            status["initContainerStatuses"] = [
+                container_status(c, init=True) for c in spec["initContainers"]
+            ]
+        draft = dict(pod)
+        draft["status"] = {**(pod.get("status") or {}), **status}
+        status.update(self.builder.apply(draft, self.tracker.lookup, self.pipeline.cache.get))
+        await patch_status(
+            self.client, Pod, str(meta.get("name")), {"status": status},
+            namespace=meta.get("namespace"),
+        )  # fmt: skip
+        self.status_patches += 1
+
+    # -- status writer -----------------------------------------------------------
+
+    def _mark_status(self, uid: str) -> None:
+        self._status_dirty.setdefault(uid, time.monotonic())
+        self._status_wake.set()
+
+    async def _status_loop(self) -> None:
+        while True:
+            await self._status_wake.wait()
+            self._status_wake.clear()
+            batch, self._status_dirty = self._status_dirty, {}
+            for uid, since in batch.items():
+                try:
+                    await self._write_status(uid, since)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.warning("writing status of pod %s failed: %s", uid, exc)
+                    self._status_dirty.setdefault(uid, since)
+                    asyncio.get_running_loop().call_later(0.5, self._status_wake.set)
+
+    async def _write_status(self, uid: str, since: float) -> None:
+        pod = self._pod_dict(uid)
+        if pod is None:
+            return
+        status = pod.get("status") or {}
+        if not status.get("containerStatuses") and not status.get("initContainerStatuses"):
+            return  # not started yet: _set_running writes the first status
+        lists = self.builder.apply(pod, self.tracker.lookup, self.pipeline.cache.get)
+        patch = {k: v for k, v in lists.items() if v != status.get(k)}
+        if not patch:
+            return
+        meta = pod.get("metadata") or {}
+        await patch_status(
+            self.client, Pod, str(meta.get("name")), {"status": patch},
+            namespace=meta.get("namespace"),
+        )  # fmt: skip
+        self.status_patches += 1
+        if self._on_status_written is not None:
+            self._on_status_written(time.monotonic() - since)
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.resync_interval)
+            self._mark_all()
+
+
+def claims_by_pod(tracker: ClaimTracker) -> Mapping[str, list[str]]:
+    """Pod UID -> names of the live claims prepared for it (for views and tests)."""
+    out: dict[str, list[str]] = {}
+    for tracked in tracker.claims():
+        for pod in tracked.live:
+            out.setdefault(pod, []).append(tracked.info.name)
+    return out

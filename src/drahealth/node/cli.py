@@ -1,0 +1,197 @@
+"""The ``drahealth agent`` command: run the node agent in the foreground.
+
+Parses options into an :class:`~drahealth.node._agent.AgentConfig`, builds the API
+client, runs the agent until SIGTERM/SIGINT, and turns start-up errors into exit
+code 1 with a message naming the problem (2 for usage errors, from click). Prints
+``ready: <registry dir>`` once the agent watches for plugins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+
+import click
+
+from drahealth import api
+from drahealth.kube import KubeConfigError
+
+__all__ = ["agent_command", "parse_feature_gates"]
+
+#: Gates the agent understands, with their defaults (kubelet 1.36: both on).
+FEATURE_GATES = {"ResourceHealthStatus": True, "ResourceHealthStatusMessage": True}
+
+
+def parse_feature_gates(text: str) -> dict[str, bool]:
+    """``A=true,B=false`` -> gates; ValueError naming a bad entry."""
+    gates = dict(FEATURE_GATES)
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep:
+            raise ValueError(f"feature gate {part!r} is not NAME=true|false")
+        if name not in FEATURE_GATES:
+            raise ValueError(
+                f"unknown feature gate {name!r} (known: {', '.join(sorted(FEATURE_GATES))})"
+            )
+        if value.lower() not in ("true", "false"):
+            raise ValueError(f"feature gate {name} needs true or false, not {value!r}")
+        gates[name] = value.lower() == "true"
+    return gates
+
+
+def _gates(ctx: click.Context, param: click.Parameter, value: str) -> dict[str, bool]:
+    try:
+        return parse_feature_gates(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+@click.command("agent")
+@click.option(
+    "--mode",
+    type=click.Choice(["kubelet", "observer"]),
+    default="kubelet",
+    show_default=True,
+    help="kubelet: play the node's kubelet (write pod status); observer: run beside one.",
+)
+@click.option(
+    "--node-name",
+    envvar="NODE_NAME",
+    default=socket.gethostname,
+    show_default="$NODE_NAME or the host name",
+    help="The node this agent serves.",
+)
+@click.option(
+    "--registry-dir",
+    default=api.KUBELET_REGISTRY_DIR,
+    show_default=True,
+    help="Plugin registry directory to watch for registration sockets.",
+)
+@click.option(
+    "--state-dir",
+    required=True,
+    help="Health log, claim checkpoint (created if missing).",
+)
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="API access (required in kubelet mode).",
+)
+@click.option(
+    "--default-timeout",
+    type=click.FloatRange(min=0.001),
+    default=float(api.DEFAULT_HEALTH_TIMEOUT_SECONDS),
+    show_default=True,
+    help="Lease (seconds) of a device whose report has no timeout.",
+)
+@click.option(
+    "--restart-grace",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    help="After a restart, restored devices keep their health this long (seconds).",
+)
+@click.option(
+    "--metrics-port", type=click.IntRange(0, 65535), default=None, help="Serve /metrics here."
+)
+@click.option(
+    "--feature-gates",
+    default="",
+    callback=_gates,
+    help="Kubelet gates: ResourceHealthStatus=true|false,ResourceHealthStatusMessage=true|false.",
+)
+@click.option(
+    "--resource-id",
+    type=click.Choice(["cdi", "device"]),
+    default="cdi",
+    show_default=True,
+    help="resourceID: first CDI device ID (as upstream) or <driver>/<pool>/<device>.",
+)
+@click.option(
+    "--allowed-root",
+    "allowed_roots",
+    multiple=True,
+    help="Plugin endpoints must lie inside this directory [default: the registry dir's parent].",
+)
+@click.option(
+    "--podresources-socket",
+    default="/var/lib/kubelet/pod-resources/kubelet.sock",
+    show_default=True,
+    help="Observer mode: the kubelet's PodResources socket.",
+)
+@click.option("--resync-interval", type=click.FloatRange(min=0.1), default=60.0, hidden=True)
+@click.option("--probe-interval", type=click.FloatRange(min=0.05), default=10.0, hidden=True)
+def agent_command(
+    mode: str,
+    node_name: str,
+    registry_dir: str,
+    state_dir: str,
+    kubeconfig: str | None,
+    default_timeout: float,
+    restart_grace: float,
+    metrics_port: int | None,
+    feature_gates: dict[str, bool],
+    resource_id: str,
+    allowed_roots: tuple[str, ...],
+    podresources_socket: str,
+    resync_interval: float,
+    probe_interval: float,
+) -> None:
+    """Run the node agent: the kubelet's DRA device-health pipeline."""
+    from drahealth.node._agent import AgentConfig
+
+    if mode == "kubelet" and not kubeconfig:
+        raise click.UsageError("--kubeconfig is required in kubelet mode")
+    try:
+        config = AgentConfig(
+            node_name=node_name,
+            registry_dir=os.path.abspath(registry_dir),
+            state_dir=os.path.abspath(state_dir),
+            mode=mode,  # type: ignore[arg-type]
+            default_timeout=default_timeout,
+            restart_grace=restart_grace,
+            health_status=feature_gates["ResourceHealthStatus"],
+            health_message=feature_gates["ResourceHealthStatusMessage"],
+            resource_id=resource_id,  # type: ignore[arg-type]
+            allowed_roots=[os.path.abspath(r) for r in allowed_roots] or None,
+            metrics_port=metrics_port,
+            podresources_socket=podresources_socket,
+            resync_interval=resync_interval,
+            probe_interval=probe_interval,
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    try:
+        asyncio.run(_run(config, kubeconfig))
+    except (KubeConfigError, ValueError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+async def _run(config: object, kubeconfig: str | None) -> None:
+    from drahealth.node._agent import AgentConfig, NodeAgent
+
+    assert isinstance(config, AgentConfig)
+    client = None
+    if kubeconfig:
+        from drahealth.kube import make_client
+
+        client = make_client(kubeconfig)
+    os.makedirs(config.registry_dir, exist_ok=True)
+    agent = NodeAgent(config, client, say=click.echo)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await agent.start()
+        for problem in agent.problems:
+            click.echo(f"warning: {problem}", err=True)
+        click.echo(f"ready: {config.registry_dir}")
+        await stop.wait()
+    finally:
+        await agent.stop()
+        if client is not None:
+            await client.close()
