@@ -11,6 +11,7 @@ import asyncio
 import re
 import signal
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
@@ -213,6 +214,11 @@ async def wait_health(
     raise AssertionError(f"{pod}: {device} is {last}, not {health} after {timeout}s")
 
 
+def fetch(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return cast(bytes, response.read()).decode()
+
+
 async def test_kubelet_mode_end_to_end(
     launch: Callable[..., Any],
     start_agent: Callable[..., Any],
@@ -221,7 +227,7 @@ async def test_kubelet_mode_end_to_end(
     base: str,
 ) -> None:
     driver: DriverProcess = await launch(kubeconfig=kubeconfig, health_timeout=LEASE)
-    agent: AgentProcess = await start_agent()
+    agent: AgentProcess = await start_agent("--metrics-port", "0")
     await make_pod(kube, "trainer", ["gpu-0"])
 
     # Healthy appears in the pod status once the claim is prepared and the pod runs.
@@ -239,6 +245,20 @@ async def test_kubelet_mode_end_to_end(
     took = await wait_health(kube, "trainer", "gpu-0", "Unhealthy", 1.0, message="XID 79")
     total = time.monotonic() - t0
     print(f"fault -> pod status: {took * 1000:.0f} ms ({total * 1000:.0f} ms with the inject CLI)")
+
+    # The metrics say the same.
+    match = re.search(r"^metrics: (\S+)", agent.output, re.M)
+    assert match, agent.output
+    text = await asyncio.to_thread(fetch, match.group(1))
+    labels = f'device="gpu-0",driver="{DRIVER}",node="{NODE}",pool="{NODE}"'
+    assert f"drahealth_node_device_health{{{labels}}} -1.0" in text
+    assert re.search(
+        r'drahealth_node_health_transitions_total\{[^}]*to="Unhealthy"[^}]*\} 1\.0', text
+    )
+    assert re.search(
+        r'drahealth_node_notification_latency_seconds_count\{node="node-1"\} [1-9]', text
+    )
+    assert 'drahealth_node_prepared_claims{node="node-1"} 1.0' in text
 
     # Recovery, then a silenced driver: Unknown within lease + 1 s.
     assert (await inject(driver.state, "gpu-0", "healthy"))[0] == 0
