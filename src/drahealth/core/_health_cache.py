@@ -170,17 +170,27 @@ class HealthCache:
         self._check_driver(driver)
         now = self._clock()
         wall = self._wall()
+        devices = self._drivers.get(driver)
         final: dict[tuple[str, str], ReportedDevice] = {}
         for report in reports:
-            if self._accept(driver, report):
-                final[(report.pool, report.device)] = report  # duplicates: last wins
+            name = (report.pool, report.device)
+            # names already in the cache were checked when they were added
+            known = (
+                devices is not None
+                and type(report.pool) is str
+                and type(report.device) is str
+                and name in devices
+            )
+            if self._accept(driver, report, known=known):
+                final[name] = report  # duplicates: last wins
 
-        devices = self._drivers.get(driver)
         changes: list[HealthChange] = []
         for name, report in final.items():
             timeout = self._resolve_timeout(report.timeout_seconds)
-            message = truncate_message(report.message)
             slot = None if devices is None else devices.get(name)
+            message = report.message
+            if message and (slot is None or message != slot.message):
+                message = truncate_message(message)  # a stored message is already cut
             if slot is None:
                 if self._count >= self.max_devices:
                     self._reject(
@@ -391,10 +401,12 @@ class HealthCache:
             return f"{what} name is {size} bytes long (limit {self.max_name_bytes})"
         return None
 
-    def _accept(self, driver: str, report: ReportedDevice) -> bool:
-        problem = self._name_problem("pool", report.pool) or self._name_problem(
-            "device", report.device
-        )
+    def _accept(self, driver: str, report: ReportedDevice, *, known: bool = False) -> bool:
+        problem = None
+        if not known:
+            problem = self._name_problem("pool", report.pool) or self._name_problem(
+                "device", report.device
+            )
         if problem is None and not isinstance(report.health, Health):
             problem = f"health {report.health!r} is not a Health value"
         if problem is None and not isinstance(report.message, str):

@@ -547,3 +547,21 @@ def test_cache_matches_naive_model(program: list[tuple[object, ...]]) -> None:
             entry = cache.entry(k.driver, k.pool, k.device)
             assert entry is not None and (entry.health, entry.message, entry.timeout) == (h, m, t)
         assert len(cache) == len(model.d)
+
+
+def test_known_devices_still_reject_malformed_fields_and_unhashable_names() -> None:
+    cache = HealthCache(default_timeout=30.0, clock=lambda: 0.0, wall_clock=lambda: 0.0)
+    cache.update("d", [ReportedDevice("p", "x", Health.HEALTHY)])
+    bad = [
+        ReportedDevice("p", "x", "Healthy", "", 0),  # type: ignore[arg-type]
+        ReportedDevice("p", "x", Health.UNHEALTHY, 5, 0),  # type: ignore[arg-type]
+        ReportedDevice(["p"], "x", Health.UNHEALTHY),  # type: ignore[arg-type]
+    ]
+    for report in bad:
+        assert cache.update("d", [report, ReportedDevice("p", "x", Health.HEALTHY)]) == []
+    assert cache.rejected_total == 3
+    assert cache.get("d", "p", "x") == (Health.HEALTHY, "")
+    long = "é" * 600
+    changes = cache.update("d", [ReportedDevice("p", "x", Health.UNHEALTHY, long)])
+    assert len(changes[0].message.encode()) <= 1024 and changes[0].message.endswith("...")
+    assert cache.update("d", [ReportedDevice("p", "x", Health.UNHEALTHY, long)]) == []
