@@ -17,13 +17,10 @@ from typing import Any, cast
 
 import pytest
 from lightkube import AsyncClient
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Node, Pod
+from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 
-from drahealth.controlplane import APIServer
-from drahealth.kube import make_client
 from tests.integration.driver.test_sample_driver import (
     DRAHEALTH,
     DRIVER,
@@ -38,8 +35,9 @@ from tests.integration.driver.test_sample_driver import (
     processes,
     read_text,
 )
+from tests.integration.driver.test_sample_driver_kube import apiserver, kube, kubeconfig
 
-__all__ = ["base", "launch", "processes"]
+__all__ = ["apiserver", "base", "kube", "kubeconfig", "launch", "processes"]
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -100,31 +98,6 @@ class RollingDriver(DriverProcess):
     def registrar_socket(self) -> str:
         uid = self.args[self.args.index("--pod-uid") + 1]
         return f"{self.registry}/{self.driver}-{uid}-reg.sock"
-
-
-@pytest.fixture
-async def apiserver() -> AsyncIterator[APIServer]:
-    server = APIServer()
-    await server.start(port=0)
-    try:
-        yield server
-    finally:
-        await server.stop()
-
-
-@pytest.fixture
-async def kube(apiserver: APIServer) -> AsyncIterator[AsyncClient]:
-    client = make_client(server_url=apiserver.url)
-    try:
-        await client.create(Node(metadata=ObjectMeta(name=NODE)))
-        yield client
-    finally:
-        await client.close()
-
-
-@pytest.fixture
-def kubeconfig(apiserver: APIServer, base: str) -> str:
-    return str(apiserver.write_kubeconfig(f"{base}/kubeconfig"))
 
 
 @pytest.fixture

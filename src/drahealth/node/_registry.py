@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -45,7 +44,7 @@ from drahealth import api
 from drahealth.core._records import PreparedDeviceInfo, ReportedDevice
 from drahealth.kube import Backoff
 from drahealth.node._stream import HealthStream, pick_health_service
-from drahealth.node._types import PluginInfo, RegistrationError
+from drahealth.node._types import PluginInfo, RegistrationError, positive_seconds
 from drahealth.node._validation import go_quote_list
 
 __all__ = [
@@ -175,8 +174,7 @@ class DRAClient:
         spec = _DRA.get(service)
         if spec is None:
             raise ValueError(f"unknown DRA service {service!r}: expected one of {sorted(_DRA)}")
-        if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+        timeout = positive_seconds("timeout", timeout)
         self.driver = driver
         self.endpoint = endpoint
         self.service = service
@@ -364,22 +362,8 @@ class PluginRegistry:
         backoff_factory: Callable[[], Backoff] | None = None,
         call_timeout: float = DEFAULT_CALL_TIMEOUT,
     ) -> None:
-        if not (
-            isinstance(default_timeout, int | float)
-            and math.isfinite(default_timeout)
-            and default_timeout > 0
-        ):
-            raise ValueError(
-                f"default_timeout must be a finite number of seconds > 0, got {default_timeout!r}"
-            )
-        if not (
-            isinstance(call_timeout, int | float)
-            and math.isfinite(call_timeout)
-            and call_timeout > 0
-        ):
-            raise ValueError(
-                f"call_timeout must be a finite number of seconds > 0, got {call_timeout!r}"
-            )
+        default_timeout = positive_seconds("default_timeout", default_timeout)
+        call_timeout = positive_seconds("call_timeout", call_timeout)
         self._on_report = on_report
         self.health_enabled = health_enabled
         self.default_timeout = float(default_timeout)

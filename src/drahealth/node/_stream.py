@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal
 
@@ -33,6 +32,7 @@ from drahealth import api
 from drahealth.core._health import Health, truncate_message
 from drahealth.core._records import ReportedDevice
 from drahealth.kube import Backoff
+from drahealth.node._types import positive_seconds
 
 __all__ = ["STREAM_STATES", "HealthStream", "StreamState", "pick_health_service"]
 
@@ -126,14 +126,7 @@ class HealthStream:
             raise ValueError(
                 f"unknown dra-health service {service!r}: expected one of {sorted(_MESSAGES)}"
             )
-        if not (
-            isinstance(default_timeout, int | float)
-            and math.isfinite(default_timeout)
-            and default_timeout > 0
-        ):
-            raise ValueError(
-                f"default_timeout must be a finite number of seconds > 0, got {default_timeout!r}"
-            )
+        default_timeout = positive_seconds("default_timeout", default_timeout)
         request_type, response_type = messages
         self.driver = driver
         self.service = service
