@@ -334,6 +334,7 @@ class SampleDriverConfig:
     partitions: int = 0
     prepare_delay: float = 0.0
     broken_devices: tuple[str, ...] = ()
+    error_type_field: bool = False
 
 
 class SampleDriverApp:
@@ -391,6 +392,7 @@ class SampleDriverApp:
             kube_client=self.client,
             on_device_fault=self._on_device_fault,
             metrics_registry=self.metrics.registry,
+            enable_error_type_field=c.error_type_field,
         )
 
     def _on_device_fault(self, pool: str, device: str, message: str) -> None:

@@ -119,6 +119,11 @@ def _say(line: str) -> None:
     metavar="DEVICE",
     help="Simulate hardware that fails to prepare (a permanent device fault); repeatable.",
 )
+@click.option(
+    "--error-type-field",
+    is_flag=True,
+    help="Send the KEP-5322 error_type field (Permanent/Transient) with prepare errors.",
+)
 def driver_command(
     profile: str,
     driver_name: str | None,
@@ -135,6 +140,7 @@ def driver_command(
     partitions: int,
     prepare_delay: float,
     broken_devices: tuple[str, ...],
+    error_type_field: bool,
 ) -> None:
     """Run the sample DRA driver with simulated devices until SIGTERM/SIGINT."""
     config = SampleDriverConfig(
@@ -153,6 +159,7 @@ def driver_command(
         partitions=partitions,
         prepare_delay=prepare_delay,
         broken_devices=broken_devices,
+        error_type_field=error_type_field,
     )
     try:
         app = SampleDriverApp(config, say=_say)

@@ -3,8 +3,9 @@
 Owns the event reasons and their wording, and a small recorder that creates the
 Event through the API without ever blocking or failing its caller: a failed create
 is logged and counted. Identical events for the same pod within ``dedupe_seconds``
-are folded into one (their count is bumped locally and not re-sent), so a flapping
-device cannot flood the API server.
+are folded into the first one, as the kubelet's event correlator does: its ``count``
+and ``lastTimestamp`` are patched, at most once per ``patch_interval`` seconds per
+event, so a flapping device cannot flood the API server but the count stays true.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from lightkube import AsyncClient
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event
+from lightkube.types import PatchType
 
 __all__ = [
     "REASON_DEVICE_HEALTHY",
@@ -44,6 +47,18 @@ REASON_DEVICE_HEALTHY = "DeviceHealthy"
 COMPONENT = "drahealth-agent"
 
 
+@dataclass(slots=True)
+class _Sent:
+    """An event created within the dedupe window, and its folded repeats."""
+
+    name: str
+    namespace: str
+    created: float
+    count: int = 1
+    patched: float = 0.0
+    patched_count: int = 1
+
+
 class EventRecorder:
     """Creates Events for pods; fire and forget."""
 
@@ -53,13 +68,15 @@ class EventRecorder:
         node_name: str,
         *,
         dedupe_seconds: float = 10.0,
+        patch_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._client = client
         self._node = node_name
         self._dedupe = dedupe_seconds
+        self._patch_interval = patch_interval
         self._clock = clock
-        self._recent: dict[tuple[str, str, str], float] = {}
+        self._recent: dict[tuple[str, str, str], _Sent] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.sent = 0
         self.failed = 0
@@ -71,26 +88,49 @@ class EventRecorder:
         uid = str(meta.get("uid", ""))
         key = (uid, reason, message)
         now = self._clock()
-        last = self._recent.get(key)
-        if last is not None and now - last < self._dedupe:
+        sent = self._recent.get(key)
+        if sent is not None and now - sent.created < self._dedupe:
             self.folded += 1
+            sent.count += 1
+            if now - sent.patched >= self._patch_interval:
+                sent.patched = now
+                self._spawn(self._bump(sent))
             return
-        self._recent[key] = now
         if len(self._recent) > 4096:
             cutoff = now - self._dedupe
-            self._recent = {k: t for k, t in self._recent.items() if t >= cutoff}
+            self._recent = {k: v for k, v in self._recent.items() if v.created >= cutoff}
+        name = f"{meta.get('name', 'pod')}.{uuid.uuid4().hex[:16]}"
+        self._recent[key] = _Sent(name, str(meta.get("namespace") or "default"), now)
+        self._spawn(self._create(name, meta, event_type, reason, message))
+
+    def _spawn(self, work: Any) -> None:
         if self._client is None:
+            work.close()
             return
-        task = asyncio.create_task(self._create(meta, event_type, reason, message))
+        task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def _bump(self, sent: _Sent) -> None:
+        """Patch a folded event's count and lastTimestamp (the correlator's update)."""
+        assert self._client is not None
+        count = sent.count
+        if count <= sent.patched_count:
+            return
+        body = {"count": count, "lastTimestamp": _timestamp()}
+        try:
+            await self._client.patch(
+                Event, sent.name, body, namespace=sent.namespace, patch_type=PatchType.MERGE
+            )
+            sent.patched_count = max(sent.patched_count, count)
+        except Exception as exc:  # the event may not exist yet, or was deleted
+            log.debug("updating the count of event %s failed: %s", sent.name, exc)
+
     async def _create(
-        self, meta: Mapping[str, Any], event_type: str, reason: str, message: str
+        self, name: str, meta: Mapping[str, Any], event_type: str, reason: str, message: str
     ) -> None:
         assert self._client is not None
         now = datetime.datetime.now(datetime.UTC)
-        name = f"{meta.get('name', 'pod')}.{uuid.uuid4().hex[:16]}"
         event = Event(
             metadata=ObjectMeta(name=name, namespace=meta.get("namespace", "default")),
             involvedObject=ObjectReference(
@@ -121,3 +161,7 @@ class EventRecorder:
         """Wait for in-flight creates (tests, shutdown)."""
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+def _timestamp() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
