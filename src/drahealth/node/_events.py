@@ -25,6 +25,9 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event
 from lightkube.types import PatchType
 
+from drahealth.core import Health
+from drahealth.core._records import ChangeReason, HealthChange
+
 __all__ = [
     "REASON_DEVICE_HEALTHY",
     "REASON_DEVICE_UNHEALTHY",
@@ -110,6 +113,19 @@ class EventRecorder:
         task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def device_health(self, pod: Mapping[str, Any], change: HealthChange) -> None:
+        """The Event for a device health transition on a pod that uses the device."""
+        what = f"device {change.key} is {change.new.value}"
+        if change.message:
+            what += f": {change.message}"
+        if change.new is Health.UNHEALTHY:
+            self.pod_event(pod, "Warning", REASON_DEVICE_UNHEALTHY, what)
+        elif change.new is Health.UNKNOWN:
+            why = " (no report within its lease)" if change.reason == ChangeReason.EXPIRED else ""
+            self.pod_event(pod, "Warning", REASON_DEVICE_UNKNOWN, what + why)
+        else:
+            self.pod_event(pod, "Normal", REASON_DEVICE_HEALTHY, what)
 
     async def _bump(self, sent: _Sent) -> None:
         """Patch a folded event's count and lastTimestamp (the correlator's update)."""

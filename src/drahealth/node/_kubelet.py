@@ -42,9 +42,6 @@ from drahealth.core._status import StatusBuilder, resolve_claim_name
 from drahealth.kube import Backoff, Reflector, patch_status
 from drahealth.node._claims import ClaimTracker
 from drahealth.node._events import (
-    REASON_DEVICE_HEALTHY,
-    REASON_DEVICE_UNHEALTHY,
-    REASON_DEVICE_UNKNOWN,
     REASON_PREPARE_FAILED,
     REASON_PREPARE_FAILED_PERMANENT,
     EventRecorder,
@@ -172,19 +169,7 @@ class KubeletMode:
             for uid in self.tracker.pods_for([change.key]):
                 pod = self._pod_dict(uid)
                 if pod is not None:
-                    self._health_event(pod, change)
-
-    def _health_event(self, pod: JSON, change: HealthChange) -> None:
-        what = f"device {change.key} is {change.new.value}"
-        if change.message:
-            what += f": {change.message}"
-        if change.new.value == "Unhealthy":
-            self.events.pod_event(pod, "Warning", REASON_DEVICE_UNHEALTHY, what)
-        elif change.new.value == "Unknown":
-            why = " (no report within its lease)" if change.reason == "expired" else ""
-            self.events.pod_event(pod, "Warning", REASON_DEVICE_UNKNOWN, what + why)
-        else:
-            self.events.pod_event(pod, "Normal", REASON_DEVICE_HEALTHY, what)
+                    self.events.device_health(pod, change)
 
     def _mark_all(self) -> None:
         now = time.monotonic()

@@ -20,7 +20,6 @@ import datetime
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,9 +32,6 @@ from drahealth import api
 from drahealth.core import DeviceKey
 from drahealth.core._records import HealthChange
 from drahealth.node._events import (
-    REASON_DEVICE_HEALTHY,
-    REASON_DEVICE_UNHEALTHY,
-    REASON_DEVICE_UNKNOWN,
     EventRecorder,
 )
 from drahealth.node._pipeline import HealthPipeline
@@ -74,11 +70,15 @@ class PodDeviceMap:
         """Apply a ``ListPodResourcesResponse``."""
         live: dict[PodRef, dict[DeviceKey, str]] = {}
         for pod in response.pod_resources:
-            ref = PodRef(pod.namespace, pod.name)
+            if not pod.name:
+                continue
+            ref = PodRef(pod.namespace or "default", pod.name)
             devices = live.setdefault(ref, {})
             for container in pod.containers:
                 for dyn in container.dynamic_resources:
                     for res in dyn.claim_resources:
+                        if not (res.driver_name and res.pool_name and res.device_name):
+                            continue  # an incomplete entry names no device
                         key = DeviceKey(res.driver_name, res.pool_name, res.device_name)
                         devices[key] = dyn.claim_name
         for ref in self.live.keys() - live.keys():
@@ -185,21 +185,10 @@ class ObserverMode:
                 del rows[:-RECORDS_PER_POD]
                 self._dirty.set()
                 if change.old is not change.new:
-                    self._event(ref, change)
+                    pod = {"metadata": {"name": ref.name, "namespace": ref.namespace}}
+                    self.events.device_health(pod, change)
         while len(self.records) > PODS_PER_NODE:
             self.records.pop(next(iter(self.records)))
-
-    def _event(self, ref: PodRef, change: HealthChange) -> None:
-        pod: Mapping[str, Any] = {"metadata": {"name": ref.name, "namespace": ref.namespace}}
-        what = f"device {change.key} is {change.new.value}"
-        if change.message:
-            what += f": {change.message}"
-        if change.new.value == "Unhealthy":
-            self.events.pod_event(pod, "Warning", REASON_DEVICE_UNHEALTHY, what)
-        elif change.new.value == "Unknown":
-            self.events.pod_event(pod, "Warning", REASON_DEVICE_UNKNOWN, what)
-        else:
-            self.events.pod_event(pod, "Normal", REASON_DEVICE_HEALTHY, what)
 
     async def _flush_loop(self) -> None:
         while True:

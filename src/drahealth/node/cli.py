@@ -122,6 +122,13 @@ def _gates(ctx: click.Context, param: click.Parameter, value: str) -> dict[str, 
     show_default=True,
     help="Observer mode: the kubelet's PodResources socket.",
 )
+@click.option(
+    "--podresources-interval",
+    type=click.FloatRange(min=0.1),
+    default=5.0,
+    show_default=True,
+    help="Observer mode: seconds between PodResources List calls.",
+)
 @click.option("--resync-interval", type=click.FloatRange(min=0.1), default=60.0, hidden=True)
 @click.option("--probe-interval", type=click.FloatRange(min=0.05), default=10.0, hidden=True)
 def agent_command(
@@ -137,6 +144,7 @@ def agent_command(
     resource_id: str,
     allowed_roots: tuple[str, ...],
     podresources_socket: str,
+    podresources_interval: float,
     resync_interval: float,
     probe_interval: float,
 ) -> None:
@@ -159,6 +167,7 @@ def agent_command(
             allowed_roots=[os.path.abspath(r) for r in allowed_roots] or None,
             metrics_port=metrics_port,
             podresources_socket=podresources_socket,
+            podresources_interval=podresources_interval,
             resync_interval=resync_interval,
             probe_interval=probe_interval,
         )

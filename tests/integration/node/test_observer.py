@@ -1,0 +1,215 @@
+"""Observer mode: the agent beside a (fake) kubelet.
+
+The PodResources map is tested on generated messages; the mode itself runs as a real
+``drahealth agent --mode observer`` subprocess with the sample driver, the embedded
+API server and a fake kubelet PodResources server on a unix socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import pytest
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import ConfigMap, Event, Pod
+
+from drahealth import api
+from drahealth.core import DeviceKey
+from drahealth.node._observer import PodDeviceMap, PodRef, configmap_name
+from tests.e2e.test_agent_e2e import AgentProcess, make_pod
+from tests.integration.driver.test_sample_driver import (
+    DRIVER,
+    NODE,
+    DriverProcess,
+    base,
+    inject,
+    launch,
+    processes,
+)
+from tests.integration.driver.test_sample_driver_kube import apiserver, kube, kubeconfig
+
+__all__ = ["apiserver", "base", "kube", "kubeconfig", "launch", "processes"]
+
+pb = api.podresources_v1
+
+
+def pod(name: str, *devices: tuple[str, str, str], claim: str = "gpu", ns: str = "ml") -> Any:
+    resources = [
+        pb.ClaimResource(
+            driver_name=d, pool_name=p, device_name=x, cdi_devices=[pb.CDIDevice(name=f"{d}/x")]
+        )
+        for d, p, x in devices
+    ]
+    dynamic = pb.DynamicResource(claim_name=claim, claim_namespace=ns, claim_resources=resources)
+    container = pb.ContainerResources(name="main", dynamic_resources=[dynamic])
+    return pb.PodResources(name=name, namespace=ns, containers=[container])
+
+
+def listing(*pods: Any) -> Any:
+    return pb.ListPodResourcesResponse(pod_resources=list(pods))
+
+
+GPU0 = (DRIVER, NODE, "gpu-0")
+KEY0 = DeviceKey(*GPU0)
+
+
+# -- PodDeviceMap ------------------------------------------------------------------------
+
+
+def test_map_lists_live_pods_and_keeps_ended_ones_as_tombstones() -> None:
+    m = PodDeviceMap(max_tombstones=2)
+    m.replace(listing(pod("a", GPU0), pod("b", GPU0, (DRIVER, NODE, "gpu-1"), claim="c2")))
+    assert m.pods_for(KEY0) == [(PodRef("ml", "a"), "gpu", False), (PodRef("ml", "b"), "c2", False)]
+    m.replace(listing(pod("b", GPU0, claim="c2")))
+    assert m.pods_for(KEY0) == [(PodRef("ml", "a"), "gpu", True), (PodRef("ml", "b"), "c2", False)]
+    assert m.pods_for(DeviceKey(DRIVER, NODE, "gpu-9")) == []
+    # a pod that comes back is live again, not a tombstone
+    m.replace(listing(pod("a", GPU0), pod("b", GPU0, claim="c2")))
+    assert not m.tombstones
+    # tombstones are bounded: the oldest go first
+    for name in ("x", "y", "z"):
+        m.replace(listing(pod(name, GPU0)))
+    assert list(m.tombstones) == [PodRef("ml", "x"), PodRef("ml", "y")]
+
+
+def test_map_skips_incomplete_entries() -> None:
+    m = PodDeviceMap()
+    m.replace(
+        listing(
+            pod("", GPU0),  # no pod name
+            pod("half", (DRIVER, "", "gpu-0"), ("", NODE, "gpu-0"), (DRIVER, NODE, "")),
+            pb.PodResources(name="bare"),  # no containers at all
+        )
+    )
+    assert m.pods_for(KEY0) == []
+    assert set(m.live) == {PodRef("ml", "half"), PodRef("default", "bare")}
+    m.replace(listing())
+    assert set(m.tombstones) == {PodRef("ml", "half"), PodRef("default", "bare")}
+
+
+# -- the mode, end to end --------------------------------------------------------------
+
+
+class FakeKubelet(api.podresources_v1_grpc.PodResourcesListerServicer):  # type: ignore[misc]
+    """Serves ``List`` with whatever :attr:`pods` holds."""
+
+    def __init__(self) -> None:
+        self.pods: list[Any] = []
+        self.calls = 0
+
+    async def List(self, request: Any, context: Any) -> Any:
+        self.calls += 1
+        return listing(*self.pods)
+
+
+@pytest.fixture
+async def kubelet(base: str) -> AsyncIterator[tuple[FakeKubelet, str]]:
+    fake = FakeKubelet()
+    server = grpc.aio.server()
+    api.podresources_v1_grpc.add_PodResourcesListerServicer_to_server(fake, server)
+    path = f"{base}/podres.sock"
+    server.add_insecure_port(f"unix://{path}")
+    await server.start()
+    try:
+        yield fake, path
+    finally:
+        await server.stop(0)
+
+
+async def eventually(check: Callable[[], Any], within: float, what: str) -> Any:
+    deadline = time.monotonic() + within
+    while True:
+        result = await check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def observer(base: str, kubeconfig: str, podres: str) -> AgentProcess:
+    agent = AgentProcess(base, kubeconfig)
+    agent.args[agent.args.index("kubelet")] = "observer"
+    agent.args += ["--podresources-socket", podres, "--podresources-interval", "0.2"]
+    return await agent.start()
+
+
+async def records(client: AsyncClient, key: str) -> list[dict[str, Any]]:
+    try:
+        cm = await client.get(ConfigMap, configmap_name(NODE), namespace="default")
+    except Exception:
+        return []
+    return list(json.loads((cm.data or {}).get(key, "[]")))
+
+
+async def test_observer_publishes_events_and_post_mortem_records(
+    launch: Callable[..., Any],
+    kube: AsyncClient,
+    kubeconfig: str,
+    base: str,
+    kubelet: tuple[FakeKubelet, str],
+) -> None:
+    fake, podres = kubelet
+    driver: DriverProcess = await launch(kubeconfig=kubeconfig, health_timeout=2)
+    await make_pod(kube, "trainer", ["gpu-0"])  # the Pod object the Events point at
+    fake.pods = [pod("trainer", GPU0, claim="trainer-gpu", ns="default")]
+    agent = await observer(base, kubeconfig, podres)
+    try:
+        assert (await inject(driver.state, "gpu-0", "unhealthy", "--message", "XID 79"))[0] == 0
+
+        async def unhealthy_event() -> Any:
+            return [
+                e
+                async for e in kube.list(Event, namespace="default")
+                if e.reason == "DeviceUnhealthy" and e.involvedObject.name == "trainer"
+            ]
+
+        events = await eventually(unhealthy_event, 3.0, "a DeviceUnhealthy event")
+        assert f"device {DRIVER}/{NODE}/gpu-0 is Unhealthy: XID 79" == events[0].message
+        rows = await eventually(lambda: records(kube, "default.trainer"), 3.0, "a record")
+        assert rows[-1]["health"] == "Unhealthy" and rows[-1]["message"] == "XID 79"
+        assert rows[-1]["claim"] == "trainer-gpu" and rows[-1]["podEnded"] is False
+
+        # the pod ends: the kubelet stops listing it; a later fault still lands
+        fake.pods = []
+        calls = fake.calls
+        await eventually(lambda: _ge(fake.calls, calls + 2), 3.0, "two more List calls")
+        assert (await inject(driver.state, "gpu-0", "healthy", "--message", "late"))[0] == 0
+
+        async def late() -> bool:
+            return any(
+                r["message"] == "late" and r["podEnded"]
+                for r in await records(kube, "default.trainer")
+            )
+
+        await eventually(late, 3.0, "the post-mortem record")
+
+        # never the kubelet's job: allocatedResourcesStatus stays untouched
+        obj = await kube.get(Pod, "trainer", namespace="default")
+        assert obj.status is None or not any(
+            cs.allocatedResourcesStatus for cs in obj.status.containerStatuses or []
+        )
+        assert obj.status is None or obj.status.phase in (None, "Pending")
+    finally:
+        assert await agent.stop() == 0
+
+
+async def _ge(value: int, floor: int) -> bool:
+    return value >= floor
+
+
+async def test_observer_survives_an_unreachable_kubelet(
+    kubeconfig: str, base: str, kube: AsyncClient
+) -> None:
+    agent = await observer(base, kubeconfig, f"{base}/no-such.sock")
+    try:
+        await asyncio.sleep(0.6)
+        assert agent.proc is not None and agent.proc.returncode is None
+        assert "PodResources List failed: UNAVAILABLE" in agent.output
+    finally:
+        assert await agent.stop() == 0
