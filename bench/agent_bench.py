@@ -26,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from drahealth._durable import atomic_write
 from drahealth.core import DeviceKey, Health
 from drahealth.core._health_cache import HealthCache
 from drahealth.core._records import ClaimInfo, PreparedDeviceInfo, ReportedDevice
@@ -70,19 +71,7 @@ def rewrite_all(cache: HealthCache, path: str) -> int:
         }
     }
     data = json.dumps(doc).encode()
-    tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(os.path.dirname(path), os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    atomic_write(path, data)  # temporary file, fsync, rename, directory fsync
     return len(data)
 
 

@@ -11,9 +11,7 @@ behaviour with a fix of section 9, the test name ends with ``_fixN``.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import grpc
@@ -32,6 +30,7 @@ from tests.integration.node.test_registry_plugins import (
     WITH_HEALTH,
     CountingProxy,
     Sink,
+    base,
     open_registry,
     raw_info,
     toolkit_plugin,
@@ -52,14 +51,7 @@ H, U, X = Health.HEALTHY, Health.UNHEALTHY, Health.UNKNOWN
 POD = "pod-uid-p"
 NO_HEALTH = (api.DRA_PLUGIN_V1,)
 
-
-@pytest.fixture
-def base() -> Iterator[str]:
-    d = tempfile.mkdtemp(dir="/tmp", prefix="dhc-")
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
+__all__ = ["base"]
 
 
 class Node:
