@@ -1,0 +1,256 @@
+"""Leader election on a ``coordination.k8s.io/v1`` Lease, with client-go's semantics.
+
+Owns :class:`LeaderElector`. A candidate takes the Lease when it does not exist, when
+its holder released it (empty ``holderIdentity``), or when the record has not changed
+for ``lease_duration`` as measured on the candidate's own monotonic clock from the
+moment it last saw the record change (server timestamps are written, never trusted,
+so clock skew between replicas does not matter). Every write is an update with the
+read ``resourceVersion``: of two racing candidates the API server accepts one and
+answers 409 to the other, so there are never two leaders. A leader renews every
+``retry_period`` and steps down when it could not renew for ``renew_deadline``;
+stepping down cancels the leader's work before anything else happens. On a clean
+stop the leader releases the Lease so a standby takes over within one retry period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+from lightkube import ApiError, AsyncClient
+from lightkube.resources.coordination_v1 import Lease
+
+__all__ = ["LeaderElector"]
+
+log = logging.getLogger(__name__)
+
+
+def _micro_time() -> str:
+    now = datetime.datetime.now(datetime.UTC)
+    return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def _lease(body: dict[str, Any]) -> Lease:
+    return cast(Lease, Lease.from_dict(body))
+
+
+def _positive(name: str, value: float) -> float:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+class LeaderElector:
+    """Campaign for the Lease ``namespace/name`` as ``identity``; see the module docstring.
+
+    :meth:`run` campaigns until cancelled and runs ``lead()`` while leading.
+    :attr:`is_leader` and :attr:`leader` (the holder last observed) are for status
+    output and tests.
+    """
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        *,
+        name: str,
+        identity: str,
+        namespace: str = "default",
+        lease_duration: float = 15.0,
+        renew_deadline: float = 10.0,
+        retry_period: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not name:
+            raise ValueError("name must be a non-empty Lease name")
+        if not identity:
+            raise ValueError("identity must be a non-empty string")
+        self.lease_duration = _positive("lease_duration", lease_duration)
+        self.renew_deadline = _positive("renew_deadline", renew_deadline)
+        self.retry_period = _positive("retry_period", retry_period)
+        if self.renew_deadline >= self.lease_duration:
+            raise ValueError(
+                f"renew_deadline ({renew_deadline}) must be shorter than "
+                f"lease_duration ({lease_duration})"
+            )
+        if self.retry_period >= self.renew_deadline:
+            raise ValueError(
+                f"retry_period ({retry_period}) must be shorter than "
+                f"renew_deadline ({renew_deadline})"
+            )
+        self.client = client
+        self.name = name
+        self.namespace = namespace
+        self.identity = identity
+        self._clock = clock
+        self.is_leader = False
+        self.leader: str | None = None
+        self.transitions = 0  # times this candidate became the leader
+        self._observed: tuple[Any, ...] | None = None
+        self._observed_at = 0.0
+
+    # -- the campaign ------------------------------------------------------------------
+
+    async def run(self, lead: Callable[[], Awaitable[None]]) -> None:
+        """Campaign forever; while leading, ``lead()`` runs and is cancelled on loss.
+
+        If ``lead()`` returns or raises, leadership is released and the campaign goes
+        on. Cancelling ``run`` stops ``lead()`` and releases the Lease.
+        """
+        tasks: list[asyncio.Task[None]] = []
+        try:
+            while True:
+                await self._acquire()
+                work = asyncio.create_task(self._guarded(lead), name=f"leading-{self.name}")
+                renew = asyncio.create_task(self._renew(), name=f"renew-{self.name}")
+                tasks = [work, renew]
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                self.is_leader = False
+                await _cancel(tasks)
+                if work in done:
+                    await self._release()
+                    await asyncio.sleep(self.retry_period)
+        finally:
+            self.is_leader = False
+            await asyncio.shield(_cancel(tasks))  # the work stops before the lease is freed
+            if self.leader == self.identity:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._release())
+
+    async def _guarded(self, lead: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await lead()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("leader work of %s failed; releasing the lease", self.identity)
+
+    async def _acquire(self) -> None:
+        while True:
+            if await self._try_acquire_or_renew():
+                self.is_leader = True
+                self.transitions += 1
+                log.info("%s became the leader of lease %s", self.identity, self._ref())
+                return
+            await asyncio.sleep(self.retry_period * (1.0 + 0.2 * random.random()))
+
+    async def _renew(self) -> None:
+        last_ok = self._clock()
+        while True:
+            await asyncio.sleep(self.retry_period)
+            if await self._try_acquire_or_renew():
+                last_ok = self._clock()
+            elif not self.is_leader or self._clock() - last_ok >= self.renew_deadline:
+                log.warning("%s lost the lease %s", self.identity, self._ref())
+                return
+
+    # -- one attempt -------------------------------------------------------------------
+
+    async def _try_acquire_or_renew(self) -> bool:
+        now = _micro_time()
+        try:
+            lease = await self.client.get(Lease, self.name, namespace=self.namespace)
+        except ApiError as exc:
+            if exc.status.code != 404:
+                log.warning("reading lease %s failed: %s", self._ref(), exc.status.message)
+                return False
+            return await self._create(now)
+        spec = lease.spec
+        holder = (spec.holderIdentity if spec else None) or ""
+        record = (
+            holder,
+            spec.renewTime if spec else None,
+            spec.leaseTransitions if spec else None,
+            spec.leaseDurationSeconds if spec else None,
+        )
+        if record != self._observed:
+            self._observed, self._observed_at = record, self._clock()
+        self.leader = holder or None
+        duration = (spec.leaseDurationSeconds if spec else None) or self.lease_duration
+        if (
+            holder
+            and holder != self.identity
+            and self._observed_at + float(duration) > self._clock()
+        ):
+            self.is_leader = False
+            return False
+        transitions = (spec.leaseTransitions if spec else None) or 0
+        acquire = spec.acquireTime if spec else None
+        if holder != self.identity:
+            transitions += 1
+            acquire = None
+        body = lease.to_dict()
+        body["spec"] = {
+            **(body.get("spec") or {}),
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": max(1, math.ceil(self.lease_duration)),
+            "renewTime": now,
+            "acquireTime": now if acquire is None else body["spec"].get("acquireTime", now),
+            "leaseTransitions": transitions,
+        }
+        try:
+            await self.client.replace(_lease(body))
+        except ApiError as exc:
+            if exc.status.code != 409:
+                log.warning("updating lease %s failed: %s", self._ref(), exc.status.message)
+            return False
+        self.leader = self.identity
+        return True
+
+    async def _create(self, now: str) -> bool:
+        lease = _lease(
+            {
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": {
+                    "holderIdentity": self.identity,
+                    "leaseDurationSeconds": max(1, math.ceil(self.lease_duration)),
+                    "acquireTime": now,
+                    "renewTime": now,
+                    "leaseTransitions": 0,
+                },
+            }
+        )
+        try:
+            await self.client.create(lease)
+        except ApiError as exc:
+            if exc.status.code != 409:
+                log.warning("creating lease %s failed: %s", self._ref(), exc.status.message)
+            return False
+        self.leader = self.identity
+        return True
+
+    async def _release(self) -> None:
+        """Hand the Lease back (empty holder) if this candidate still holds it."""
+        try:
+            lease = await self.client.get(Lease, self.name, namespace=self.namespace)
+            if lease.spec is None or lease.spec.holderIdentity != self.identity:
+                return
+            body = lease.to_dict()
+            body["spec"] = {
+                **body["spec"],
+                "holderIdentity": "",
+                "leaseDurationSeconds": 1,
+                "renewTime": _micro_time(),
+            }
+            await self.client.replace(_lease(body))
+            self.leader = None
+            log.info("%s released the lease %s", self.identity, self._ref())
+        except ApiError as exc:
+            log.warning("releasing lease %s failed: %s", self._ref(), exc.status.message)
+
+    def _ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
