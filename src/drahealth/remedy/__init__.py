@@ -1,0 +1,1 @@
+"""The remediation controller: policy -> DeviceTaintRule / eviction -> verified untaint."""
