@@ -21,6 +21,8 @@ COMMANDS: dict[str, str] = {
     "demo": "drahealth.cli.demo:demo_command",
     "driver": "drahealth.driver.cli:driver_command",
     "inject": "drahealth.driver.inject_cli:inject_command",
+    "taint": "drahealth.remedy.taint_cli:taint_command",
+    "untaint": "drahealth.remedy.taint_cli:untaint_command",
 }
 
 
