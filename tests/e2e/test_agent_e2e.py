@@ -8,6 +8,7 @@ and reads pod status, as an operator would. Leases are short (2 s) to keep it fa
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import signal
 import time
@@ -17,7 +18,7 @@ from typing import Any, cast
 
 import pytest
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import ConfigMap, Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 
@@ -218,6 +219,16 @@ async def test_kubelet_mode_end_to_end(
     took = await wait_health(kube, "trainer", "gpu-0", "Unhealthy", 1.0, message="XID 79")
     total = time.monotonic() - t0
     print(f"fault -> pod status: {took * 1000:.0f} ms ({total * 1000:.0f} ms with the inject CLI)")
+
+    # So does the node's device-health record (every device, not only those in pods).
+    for _ in range(50):
+        cm = await kube.get(ConfigMap, f"drahealth-devices-{NODE}", namespace="default")
+        rows = {r["device"]: r for r in json.loads((cm.data or {})["devices"])}
+        if rows["gpu-0"]["health"] == "Unhealthy":
+            break
+        await asyncio.sleep(0.02)
+    assert len(rows) == 8 and rows["gpu-0"]["health"] == "Unhealthy"
+    assert rows["gpu-0"]["message"] == "XID 79" and rows["gpu-1"]["health"] == "Healthy"
 
     # The metrics say the same.
     match = re.search(r"^metrics: (\S+)", agent.output, re.M)

@@ -9,7 +9,8 @@ which starts the parts in dependency order and stops them in reverse:
 4. the mode: ``kubelet`` (:class:`~drahealth.node._kubelet.KubeletMode`, writes pod
    status) or ``observer`` (:class:`~drahealth.node._observer.ObserverMode`, beside a
    real kubelet: Events, metrics and post-mortem records, never pod status);
-5. the metrics endpoint.
+5. the device-health ConfigMap of the node (when the agent has API access);
+6. the metrics endpoint.
 
 Problems found at start (a corrupt store or checkpoint, quarantined) are logged and
 kept in :attr:`NodeAgent.problems`.
@@ -31,6 +32,7 @@ from drahealth.node._claims import ClaimTracker
 from drahealth.node._events import EventRecorder
 from drahealth.node._metrics import AgentMetrics
 from drahealth.node._pipeline import HealthPipeline
+from drahealth.node._publish import DeviceHealthPublisher
 from drahealth.node._registry import PluginRegistry
 from drahealth.node._watcher import PluginWatcher
 
@@ -136,6 +138,13 @@ class NodeAgent:
             )
         )
         self.events = EventRecorder(client, config.node_name)
+        self.publisher = (
+            None
+            if client is None
+            else DeviceHealthPublisher(
+                client, self.pipeline.cache, config.node_name, namespace=config.postmortem_namespace
+            )
+        )
         self.mode: Mode | None = None
         self.metrics_server: MetricsServer | None = None
         self._started: list[str] = []
@@ -176,12 +185,17 @@ class NodeAgent:
         self._started.append("watcher")
         await self.mode.start()
         self._started.append("mode")
+        if self.publisher is not None:
+            self.pipeline.add_listener(self.publisher.on_changes)
+            await self.publisher.start()
         if self.config.metrics_port is not None:
             self.metrics_server = MetricsServer(self.metrics.registry)
             await self.metrics_server.start(self.config.metrics_host, self.config.metrics_port)
             self._say(f"metrics: {self.metrics_server.url}")
 
     async def stop(self) -> None:
+        if self.publisher is not None:
+            await self.publisher.stop()
         if self.metrics_server is not None:
             await self.metrics_server.stop()
             self.metrics_server = None
