@@ -1,0 +1,175 @@
+"""The remediation policy model: which device health leads to which taint, and when.
+
+Owns the frozen policy records (:class:`Policy`, :class:`Rule`, :class:`Match`,
+:class:`Action`, :class:`Hysteresis`, :class:`Recovery`, :class:`Eviction`),
+:class:`DeviceFacts` (what the controller knows of a device) and rule matching.
+Plain data and regexes; the YAML file format lives in ``drahealth.remedy._policy_load``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+from drahealth.core._health import Health
+
+__all__ = [
+    "DEFAULT_TAINT_KEY",
+    "Action",
+    "DeviceFacts",
+    "Eviction",
+    "Hysteresis",
+    "Match",
+    "Policy",
+    "PolicyError",
+    "Recovery",
+    "Rule",
+    "Step",
+    "Validate",
+]
+
+DEFAULT_TAINT_KEY: Final = "drahealth.io/unhealthy"
+Effect = Literal["None", "NoSchedule", "NoExecute"]
+EFFECT_ORDER: Final[dict[str, int]] = {"None": 0, "NoSchedule": 1, "NoExecute": 2}
+AttributeValue = str | int | bool
+
+
+class PolicyError(ValueError):
+    """A policy that cannot be used; the text is ``<source>: <field path>: <problem>``."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFacts:
+    """A device as the controller sees it (attributes from its ResourceSlice)."""
+
+    driver: str
+    pool: str
+    device: str
+    node: str = ""
+    attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """Which devices and which health a rule applies to (all given fields must match).
+
+    ``driver`` and ``pool`` are exact; ``device`` may be a glob (``gpu-*``);
+    ``attributes`` are exact values; ``message`` is searched (``re.search``).
+    """
+
+    driver: str | None = None
+    pool: str | None = None
+    device: str | None = None
+    attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
+    health: frozenset[Health] = frozenset({Health.UNHEALTHY})
+    message: re.Pattern[str] | None = None
+
+    def device_matches(self, facts: DeviceFacts) -> bool:
+        if self.driver is not None and facts.driver != self.driver:
+            return False
+        if self.pool is not None and facts.pool != self.pool:
+            return False
+        if self.device is not None and not fnmatch.fnmatchcase(facts.device, self.device):
+            return False
+        return all(facts.attributes.get(k) == v for k, v in self.attributes.items())
+
+    def matches(self, facts: DeviceFacts, health: Health, message: str) -> bool:
+        if health not in self.health or not self.device_matches(facts):
+            return False
+        return self.message is None or self.message.search(message) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """Escalation: ``after`` seconds of bad health (from the first taint), use ``effect``."""
+
+    after: float
+    effect: Effect
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """The taint a matching device gets, after ``grace`` seconds of bad health."""
+
+    effect: Effect = "NoSchedule"
+    grace: float = 0.0
+    escalate: tuple[Step, ...] = ()
+    taint_key: str = DEFAULT_TAINT_KEY
+    #: Empty: derived from the health ("unhealthy" / "unknown").
+    taint_value: str = ""
+
+    def effect_at(self, tainted_for: float) -> Effect:
+        effect = self.effect
+        for step in self.escalate:
+            if tainted_for >= step.after and EFFECT_ORDER[step.effect] > EFFECT_ORDER[effect]:
+                effect = step.effect
+        return effect
+
+
+@dataclass(frozen=True, slots=True)
+class Hysteresis:
+    """``transitions`` health changes within ``window`` seconds hold the device tainted."""
+
+    transitions: int = 5
+    window: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Validate:
+    """A check that must pass before a recovered device is untainted."""
+
+    exec: tuple[str, ...] = ()
+    http: str = ""
+    timeout: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """Untaint after ``healthy_for`` seconds of continuous Healthy (and ``validate``)."""
+
+    healthy_for: float = 60.0
+    validate: Validate | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    name: str
+    match: Match
+    action: Action = field(default_factory=Action)
+    hysteresis: Hysteresis | None = field(default_factory=Hysteresis)
+    recovery: Recovery = field(default_factory=Recovery)
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    """How pods leave a NoExecute device.
+
+    ``delete``: the cluster's device-taint eviction controller deletes them (the
+    upstream path). ``evict``: this controller evicts them through the Eviction API,
+    so PodDisruptionBudgets are honoured, at most ``max_concurrent_per_node`` /
+    ``max_concurrent`` in flight and ``per_second`` started per second.
+    """
+
+    mode: Literal["delete", "evict"] = "delete"
+    max_concurrent_per_node: int = 1
+    max_concurrent: int = 10
+    per_second: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    rules: tuple[Rule, ...]
+    dry_run: bool = False
+    eviction: Eviction = field(default_factory=Eviction)
+    #: Pods in these namespaces are never evicted by the controller.
+    exclude_namespaces: frozenset[str] = frozenset()
+
+    def rule_for(self, facts: DeviceFacts, health: Health, message: str) -> Rule | None:
+        """The first rule matching the device in this health, or None."""
+        for rule in self.rules:
+            if rule.match.matches(facts, health, message):
+                return rule
+        return None
