@@ -1,0 +1,269 @@
+"""Loading a remediation policy file (YAML) into :class:`drahealth.core._policy.Policy`.
+
+Owns the file schema (msgspec structs, camelCase, unknown fields refused) and the
+checks msgspec cannot do (regexes, durations, label values, effects, escalation
+order, duplicate rule names). Every error is a :class:`PolicyError` whose text is
+``<file>: <field path>: <problem>``, e.g.
+``policy.yaml: rules[2].match.message: bad regex '(': missing ), unterminated
+subpattern at position 0``. See docs/policy.md for the format.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+import msgspec
+import yaml
+
+from drahealth.core import Health
+from drahealth.core._policy import (
+    DEFAULT_TAINT_KEY,
+    EFFECT_ORDER,
+    Action,
+    Eviction,
+    Hysteresis,
+    Match,
+    Policy,
+    PolicyError,
+    Recovery,
+    Rule,
+    Step,
+    Validate,
+)
+from drahealth.remedy._rules import RuleError, validate_taint
+
+__all__ = ["load_policy", "parse_policy"]
+
+Duration = float | int | str
+EffectName = Literal["None", "NoSchedule", "NoExecute"]
+HealthName = Literal["Unhealthy", "Unknown", "Healthy"]
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+class _Base(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
+    pass
+
+
+class _Match(_Base):
+    driver: str | None = None
+    pool: str | None = None
+    device: str | None = None
+    attributes: dict[str, str | int | bool] = {}
+    health: list[HealthName] = msgspec.field(default_factory=lambda: ["Unhealthy"])
+    message: str | None = None
+
+
+class _Step(_Base):
+    after: Duration
+    effect: EffectName
+
+
+class _Action(_Base):
+    effect: EffectName = "NoSchedule"
+    grace_period: Duration = 0
+    escalate: list[_Step] = []
+    taint_key: str = DEFAULT_TAINT_KEY
+    taint_value: str = ""
+
+
+class _Hysteresis(_Base):
+    transitions: int = 5
+    window: Duration = 30
+
+
+class _Validate(_Base):
+    exec: list[str] = []
+    http: str = ""
+    timeout: Duration = 10
+
+
+class _Recovery(_Base):
+    healthy_for: Duration = 60
+    validate: _Validate | None = None
+
+
+class _Rule(_Base):
+    name: str
+    match: _Match = msgspec.field(default_factory=_Match)
+    action: _Action = msgspec.field(default_factory=_Action)
+    hysteresis: _Hysteresis | None = msgspec.field(default_factory=_Hysteresis)
+    recovery: _Recovery | None = None
+
+
+class _Eviction(_Base):
+    mode: Literal["delete", "evict"] = "delete"
+    max_concurrent_per_node: int = 1
+    max_concurrent: int = 10
+    per_second: float = 5.0
+
+
+class _Policy(_Base):
+    api_version: Literal["drahealth.io/v1"]
+    kind: Literal["RemediationPolicy"]
+    rules: list[_Rule]
+    dry_run: bool = False
+    eviction: _Eviction = msgspec.field(default_factory=_Eviction)
+    exclude_namespaces: list[str] = []
+    recovery: _Recovery = msgspec.field(default_factory=_Recovery)
+
+
+def load_policy(path: str) -> Policy:
+    """Read and validate the policy file at ``path``."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise PolicyError(f"{path}: not UTF-8 text: {exc.reason}") from exc
+    return parse_policy(text, path)
+
+
+def parse_policy(text: str, source: str = "<policy>") -> Policy:
+    """Validate policy YAML ``text``; errors name ``source`` and the field."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise PolicyError(f"{source}: {where}invalid YAML: {problem}") from exc
+    if not isinstance(raw, dict):
+        raise PolicyError(f"{source}: the top level must be a mapping, got {_kind(raw)}")
+    try:
+        spec = msgspec.convert(raw, _Policy, strict=True)
+    except msgspec.ValidationError as exc:
+        raise PolicyError(_validation_text(source, exc)) from exc
+    return _build(spec, source)
+
+
+def _kind(value: object) -> str:
+    return "nothing" if value is None else type(value).__name__
+
+
+def _validation_text(source: str, exc: msgspec.ValidationError) -> str:
+    message = str(exc)
+    problem, _, path = message.rpartition(" - at `")
+    if not problem:
+        return f"{source}: (top level): {message}"
+    path = path.rstrip("`").removeprefix("$").removeprefix(".") or "(top level)"
+    return f"{source}: {path}: {problem}"
+
+
+class _Builder:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, path: str, problem: str) -> PolicyError:
+        return PolicyError(f"{self.source}: {path}: {problem}")
+
+    def seconds(self, path: str, value: Duration, *, positive: bool = False) -> float:
+        if isinstance(value, bool):
+            raise self.fail(path, f"expected a duration, got {value!r}")
+        if isinstance(value, int | float):
+            seconds = float(value)
+        else:
+            m = _DURATION.match(value.strip())
+            if m is None:
+                raise self.fail(path, f"bad duration {value!r}: use seconds or e.g. 30s, 5m, 1h")
+            seconds = float(m.group(1)) * _UNITS[m.group(2)]
+        if seconds < 0 or (positive and seconds == 0) or seconds != seconds:
+            raise self.fail(path, f"duration {value!r} must be {'> 0' if positive else '>= 0'}")
+        return seconds
+
+    def regex(self, path: str, pattern: str) -> re.Pattern[str]:
+        try:
+            return re.compile(pattern)
+        except re.error as exc:
+            raise self.fail(path, f"bad regex {pattern!r}: {exc}") from exc
+
+    def recovery(self, path: str, r: _Recovery) -> Recovery:
+        validate = None
+        if r.validate is not None:
+            v = r.validate
+            if bool(v.exec) == bool(v.http):
+                raise self.fail(f"{path}.validate", "set exactly one of exec or http")
+            if v.http and not v.http.startswith(("http://", "https://")):
+                raise self.fail(f"{path}.validate.http", f"{v.http!r} is not an http(s) URL")
+            timeout = self.seconds(f"{path}.validate.timeout", v.timeout, positive=True)
+            validate = Validate(tuple(v.exec), v.http, timeout)
+        return Recovery(self.seconds(f"{path}.healthyFor", r.healthy_for), validate)
+
+    def rule(self, path: str, r: _Rule, default_recovery: _Recovery) -> Rule:
+        if not r.name.strip():
+            raise self.fail(f"{path}.name", "must not be empty")
+        m = r.match
+        match = Match(
+            driver=m.driver,
+            pool=m.pool,
+            device=m.device,
+            attributes=dict(m.attributes),
+            health=frozenset(Health(h) for h in m.health),
+            message=None if m.message is None else self.regex(f"{path}.match.message", m.message),
+        )
+        if not m.health:
+            raise self.fail(f"{path}.match.health", "must list at least one health")
+        a = r.action
+        try:
+            validate_taint(a.taint_key, a.taint_value, a.effect)
+        except RuleError as exc:
+            field = "taintKey" if "key" in str(exc).split(":")[0] else "taintValue"
+            raise self.fail(f"{path}.action.{field}", str(exc)) from exc
+        steps = []
+        last = -1.0
+        for i, s in enumerate(a.escalate):
+            after = self.seconds(f"{path}.action.escalate[{i}].after", s.after)
+            if after <= last:
+                raise self.fail(f"{path}.action.escalate[{i}].after", "steps must be in order")
+            if EFFECT_ORDER[s.effect] <= EFFECT_ORDER[a.effect]:
+                raise self.fail(
+                    f"{path}.action.escalate[{i}].effect",
+                    f"{s.effect} does not escalate from {a.effect}",
+                )
+            last = after
+            steps.append(Step(after, s.effect))
+        action = Action(
+            effect=a.effect,
+            grace=self.seconds(f"{path}.action.gracePeriod", a.grace_period),
+            escalate=tuple(steps),
+            taint_key=a.taint_key,
+            taint_value=a.taint_value,
+        )
+        hysteresis = None
+        if r.hysteresis is not None:
+            if r.hysteresis.transitions < 2:
+                raise self.fail(f"{path}.hysteresis.transitions", "must be at least 2")
+            window = self.seconds(f"{path}.hysteresis.window", r.hysteresis.window, positive=True)
+            hysteresis = Hysteresis(r.hysteresis.transitions, window)
+        recovery_path = f"{path}.recovery" if r.recovery is not None else "recovery"
+        recovery = self.recovery(recovery_path, r.recovery or default_recovery)
+        return Rule(r.name, match, action, hysteresis, recovery)
+
+
+def _build(spec: _Policy, source: str) -> Policy:
+    b = _Builder(source)
+    if not spec.rules:
+        raise b.fail("rules", "must list at least one rule")
+    b.recovery("recovery", spec.recovery)
+    rules = []
+    seen: dict[str, int] = {}
+    for i, r in enumerate(spec.rules):
+        if r.name in seen:
+            raise b.fail(
+                f"rules[{i}].name", f"duplicate rule name {r.name!r} (rules[{seen[r.name]}])"
+            )
+        seen[r.name] = i
+        rules.append(b.rule(f"rules[{i}]", r, spec.recovery))
+    e = spec.eviction
+    for field, value in (
+        ("maxConcurrentPerNode", e.max_concurrent_per_node),
+        ("maxConcurrent", e.max_concurrent),
+    ):
+        if value < 1:
+            raise b.fail(f"eviction.{field}", f"must be at least 1, got {value}")
+    if not e.per_second > 0:
+        raise b.fail("eviction.perSecond", f"must be > 0, got {e.per_second}")
+    eviction = Eviction(e.mode, e.max_concurrent_per_node, e.max_concurrent, float(e.per_second))
+    return Policy(tuple(rules), spec.dry_run, eviction, frozenset(spec.exclude_namespaces))
