@@ -18,6 +18,7 @@ from drahealth import __version__
 COMMANDS: dict[str, str] = {
     "agent": "drahealth.node.cli:agent_command",
     "apiserver": "drahealth.controlplane.cli:apiserver_command",
+    "controller": "drahealth.remedy.cli:controller_command",
     "demo": "drahealth.cli.demo:demo_command",
     "driver": "drahealth.driver.cli:driver_command",
     "inject": "drahealth.driver.inject_cli:inject_command",

@@ -113,6 +113,11 @@ class RemedyEngine:
             return  # nothing in the policy covers it any more: recovery removes it
         d.rule, d.tainted_since, d.value, d.reason = rule, since, want.value, want.reason
 
+    def rule_of(self, key: DeviceKey) -> Rule | None:
+        """The rule of the device's current or last bad period."""
+        d = self._devices.get(key)
+        return None if d is None else d.rule
+
     def forget(self, key: DeviceKey) -> None:
         self._devices.pop(key, None)
 

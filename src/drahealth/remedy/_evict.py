@@ -1,0 +1,164 @@
+"""PDB-aware eviction of pods that use NoExecute-tainted devices.
+
+Owns :class:`Evictor`: the controller tells it, on every pass, which pods should leave
+(:meth:`Evictor.want`) and which pods still exist (:meth:`Evictor.present`); it posts
+``pods/eviction`` requests so PodDisruptionBudgets decide, never deleting a pod itself.
+
+Limits: at most ``per_second`` evictions started per second (token bucket), at most
+``max_concurrent`` pods disrupted at once cluster-wide and ``max_concurrent_per_node``
+per node, where a pod counts from its eviction request until it is gone. A 429 (the
+budget allows no disruption now) is retried per pod with capped, jittered backoff and
+reported once per distinct message; the pod stays wanted. A pod that is gone, or no
+longer wanted (its device recovered), is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from lightkube import ApiError, AsyncClient
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Pod
+
+from drahealth.core._policy import Eviction
+from drahealth.kube import Backoff
+from drahealth.remedy._view import Consumer
+
+__all__ = ["Evictor"]
+
+log = logging.getLogger(__name__)
+
+#: ``on_event(pod, kind, message)`` with kind "evicted", "blocked" or "failed".
+EventSink = Callable[[Consumer, str, str], None]
+
+
+@dataclass(slots=True)
+class _Pending:
+    pod: Consumer
+    reason: str
+    not_before: float = 0.0
+    backoff: Backoff = field(default_factory=lambda: Backoff(0.5, 10.0))
+    last_block: str = ""
+
+
+class Evictor:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        limits: Eviction,
+        *,
+        on_event: EventSink,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.limits = limits
+        self._on_event = on_event
+        self._clock = clock
+        self._pending: dict[str, _Pending] = {}
+        self._disrupting: dict[str, str] = {}  # pod uid -> node, from request to gone
+        self._tokens = float(limits.per_second)
+        self._refilled = clock()
+        self._wake = asyncio.Event()
+        self.evicted = 0
+        self.blocked = 0
+
+    # -- input from the controller -------------------------------------------------------
+
+    def want(self, pods: Iterable[tuple[Consumer, str]]) -> None:
+        """The pods that should leave now, each with the reason (replaces the last set)."""
+        wanted = {pod.uid: (pod, reason) for pod, reason in pods}
+        for uid in list(self._pending):
+            if uid not in wanted:
+                del self._pending[uid]
+        for uid, (pod, reason) in wanted.items():
+            if uid not in self._pending and uid not in self._disrupting:
+                self._pending[uid] = _Pending(pod, reason)
+        self._wake.set()
+
+    def present(self, uids: Iterable[str]) -> None:
+        """The pod UIDs that still exist: evicted pods not among them are done."""
+        alive = set(uids)
+        for uid in list(self._disrupting):
+            if uid not in alive:
+                del self._disrupting[uid]
+        self._wake.set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def blocked_pods(self) -> dict[str, str]:
+        """namespace/name -> the last refusal message, for pods held by a budget."""
+        return {
+            f"{p.pod.namespace}/{p.pod.name}": p.last_block
+            for p in self._pending.values()
+            if p.last_block
+        }
+
+    # -- the worker ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        while True:
+            delay = await self._start_due()
+            self._wake.clear()
+            try:
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    async def _start_due(self) -> float:
+        """Start every eviction the limits allow; seconds until the next may be due."""
+        now = self._clock()
+        self._tokens = min(
+            float(self.limits.per_second),
+            self._tokens + (now - self._refilled) * self.limits.per_second,
+        )
+        self._refilled = now
+        next_due = 1.0
+        for uid, p in sorted(self._pending.items(), key=lambda kv: kv[1].not_before):
+            if p.not_before > now:
+                next_due = min(next_due, p.not_before - now)
+                continue
+            if len(self._disrupting) >= self.limits.max_concurrent:
+                break
+            on_node = sum(1 for n in self._disrupting.values() if n == p.pod.node)
+            if on_node >= self.limits.max_concurrent_per_node:
+                continue
+            if self._tokens < 1.0:
+                next_due = min(next_due, (1.0 - self._tokens) / self.limits.per_second)
+                break
+            self._tokens -= 1.0
+            await self._evict(uid, p)
+        return max(0.01, next_due)
+
+    async def _evict(self, uid: str, p: _Pending) -> None:
+        pod = p.pod
+        body = Pod.Eviction(metadata=ObjectMeta(name=pod.name, namespace=pod.namespace))
+        try:
+            await self.client.create(body, name=pod.name, namespace=pod.namespace)
+        except ApiError as exc:
+            code, message = exc.status.code, exc.status.message or ""
+            if code == 404:
+                del self._pending[uid]
+                return
+            p.not_before = self._clock() + p.backoff.next()
+            if code == 429:
+                self.blocked += 1
+                if message != p.last_block:
+                    p.last_block = message
+                    self._on_event(pod, "blocked", message)
+                return
+            log.warning("evicting %s/%s failed: %s", pod.namespace, pod.name, message)
+            self._on_event(pod, "failed", f"{code}: {message}")
+            return
+        del self._pending[uid]
+        self._disrupting[uid] = pod.node
+        self.evicted += 1
+        self._on_event(pod, "evicted", p.reason)

@@ -1,0 +1,132 @@
+"""``drahealth controller``: the remediation controller process (leader-elected).
+
+Owns the command: loads and validates the policy (exit 2 naming the file and field
+when it is wrong), builds the API client, then campaigns for the Lease
+``<namespace>/drahealth-controller``; while leading it runs
+:class:`~drahealth.remedy._controller.RemediationController`. Prints ``ready: <id>``
+once campaigning and ``leading: <id>`` / ``standby: <id>`` on each change; SIGTERM or
+SIGINT stops the work first, then releases the Lease (exit 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import signal
+import socket
+
+import click
+
+from drahealth.core._policy import Policy, PolicyError
+from drahealth.kube import KubeConfigError
+
+__all__ = ["controller_command"]
+
+
+@click.command("controller")
+@click.option("--kubeconfig", required=True, metavar="FILE", help="API access.")
+@click.option("--policy", "policy_file", required=True, metavar="FILE", help="Policy (YAML).")
+@click.option("--dry-run", is_flag=True, help="Write every taint with effect None; evict nothing.")
+@click.option(
+    "--id",
+    "identity",
+    default=None,
+    help="This replica's identity in the Lease [default: <host>-<pid>].",
+)
+@click.option("--namespace", default="default", show_default=True, help="Lease and history.")
+@click.option(
+    "--lease-duration",
+    type=click.FloatRange(min=1.0),
+    default=15.0,
+    show_default=True,
+    help="Seconds a standby waits for a silent leader before taking over.",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve /metrics on 127.0.0.1:PORT (0 picks one).",
+)
+def controller_command(
+    kubeconfig: str,
+    policy_file: str,
+    dry_run: bool,
+    identity: str | None,
+    namespace: str,
+    lease_duration: float,
+    metrics_port: int | None,
+) -> None:
+    """Run the remediation controller: device health -> taints -> evictions -> untaint."""
+    from drahealth.remedy._policy_load import load_policy
+
+    try:
+        policy = load_policy(policy_file)
+    except PolicyError as exc:
+        raise click.UsageError(str(exc)) from exc
+    if dry_run:
+        policy = dataclasses.replace(policy, dry_run=True)
+    if not os.path.isfile(kubeconfig):
+        raise click.BadParameter(f"{kubeconfig}: no such file", param_hint="--kubeconfig")
+    name = identity or f"{socket.gethostname()}-{os.getpid()}"
+    try:
+        asyncio.run(_run(kubeconfig, policy, name, namespace, lease_duration, metrics_port))
+    except KubeConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+async def _run(
+    kubeconfig: str,
+    policy: Policy,
+    identity: str,
+    namespace: str,
+    lease_duration: float,
+    metrics_port: int | None,
+) -> None:
+    from drahealth._metrics_http import MetricsServer
+    from drahealth.kube import make_client
+    from drahealth.kube._leader import LeaderElector
+    from drahealth.remedy._controller import RemediationController
+    from drahealth.remedy._metrics import ControllerMetrics
+
+    client = make_client(kubeconfig, field_manager="drahealth-controller")
+    metrics = ControllerMetrics()
+    server = None
+    if metrics_port is not None:
+        server = MetricsServer(metrics.registry)
+        await server.start("127.0.0.1", metrics_port)
+        click.echo(f"metrics: {server.url}")
+    elector = LeaderElector(
+        client,
+        name="drahealth-controller",
+        namespace=namespace,
+        identity=identity,
+        lease_duration=lease_duration,
+        renew_deadline=lease_duration * 2 / 3,
+        retry_period=max(0.1, lease_duration / 7.5),
+    )
+
+    async def lead() -> None:
+        click.echo(f"leading: {identity}")
+        metrics.leader.set(1)
+        try:
+            await RemediationController(
+                client, policy, identity=identity, namespace=namespace, metrics=metrics
+            ).run()
+        finally:
+            metrics.leader.set(0)
+            click.echo(f"standby: {identity}")
+
+    task = asyncio.create_task(elector.run(lead))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    click.echo(f"ready: {identity}")
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    finally:
+        if server is not None:
+            await server.stop()
+        await client.close()
