@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 from lightkube.models import (
+    apps_v1,
     coordination_v1,
     core_v1,
     events_v1,
@@ -173,6 +174,17 @@ RESOURCES: tuple[ResourceType, ...] = (
     ),
     ResourceType("", "v1", "ConfigMap", "configmaps", True, core_v1.ConfigMap, short_names=("cm",)),
     ResourceType("coordination.k8s.io", "v1", "Lease", "leases", True, coordination_v1.Lease),
+    ResourceType(
+        "apps",
+        "v1",
+        "ReplicaSet",
+        "replicasets",
+        True,
+        apps_v1.ReplicaSet,
+        short_names=("rs",),
+        categories=("all",),
+        subresources=("status",),
+    ),
     ResourceType(
         "events.k8s.io", "v1", "Event", "events", True, events_v1.Event, short_names=("ev",)
     ),

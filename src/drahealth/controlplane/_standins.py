@@ -1,0 +1,288 @@
+"""Stand-ins for two kube-controller-manager controllers, and the runner of all stand-ins.
+
+Owns :class:`TaintEvictionStandIn` (the device-taint eviction controller, KEP-5055):
+a live pod whose allocated claim holds a device with a NoExecute taint (from its
+ResourceSlice or a DeviceTaintRule) that the claim's request does not tolerate gets
+the ``DisruptionTarget`` condition (reason ``DeletionByDeviceTaintManager``) and is
+deleted; a toleration with ``tolerationSeconds`` delays that to the taint's
+``timeAdded`` + seconds. It does not touch pods that tolerate the taint.
+
+Owns :class:`ReplicaSetStandIn`: keeps ``spec.replicas`` live pods (not ended, not
+being deleted) per ReplicaSet from its template, as the ReplicaSet controller does,
+and writes ``status.replicas`` / ``readyReplicas``.
+
+:class:`StandIns` runs the scheduler stand-in and these two together. Stand-ins
+serve the embedded control plane only; a real cluster has the real controllers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import secrets
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+from lightkube.resources.apps_v1 import ReplicaSet
+from lightkube.resources.core_v1 import Pod
+from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim, ResourceSlice
+from lightkube.types import PatchType
+
+from drahealth.controlplane._allocate import Device, Taint, devices_from_slices, tolerated
+from drahealth.controlplane._scheduler import SchedulerStandIn, rule_taints
+from drahealth.kube import Reflector
+
+__all__ = ["ReplicaSetStandIn", "StandIns", "TaintEvictionStandIn"]
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+_ENDED = ("Succeeded", "Failed")
+
+
+def _d(obj: Any) -> JSON:
+    out = obj.to_dict()
+    assert isinstance(out, dict)
+    return out
+
+
+def _live(pod: JSON) -> bool:
+    return (
+        not pod["metadata"].get("deletionTimestamp")
+        and (pod.get("status") or {}).get("phase") not in _ENDED
+    )
+
+
+async def _loop(reflectors: list[Reflector[Any]], step: Any) -> None:
+    wake = asyncio.Event()
+    for r in reflectors:
+        r.add_handler(lambda *_a: wake.set())
+        await r.start()
+    try:
+        for r in reflectors:
+            await r.wait_synced()
+        while True:
+            wake.clear()
+            try:
+                await step()
+            except ApiError as exc:
+                log.warning("stand-in pass failed: %s", exc.status.message)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await wake.wait()
+            await asyncio.sleep(0.01)
+    finally:
+        for r in reflectors:
+            await r.stop()
+
+
+class TaintEvictionStandIn:
+    """See the module docstring; ``run()`` until cancelled."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+        self.pods: Reflector[Pod] = Reflector(client, Pod, name="taint-evict-pods")
+        self.claims: Reflector[ResourceClaim] = Reflector(
+            client, ResourceClaim, name="taint-evict-claims"
+        )
+        self.slices: Reflector[ResourceSlice] = Reflector(
+            client, ResourceSlice, name="taint-evict-slices"
+        )
+        self.rules: Reflector[DeviceTaintRule] = Reflector(
+            client, DeviceTaintRule, name="taint-evict-rules"
+        )
+        self.deleted = 0
+
+    async def run(self) -> None:
+        await _loop([self.pods, self.claims, self.slices, self.rules], self.pass_once)
+
+    async def pass_once(self) -> None:
+        devices = {d.key: d for d in devices_from_slices(_d(s) for s in self.slices.store.list())}
+        rules = [_d(r) for r in self.rules.store.list()]
+        from_rules = rule_taints(rules, ("NoExecute",))
+        added = {
+            (r["spec"]["taint"]["key"], r["spec"]["taint"].get("effect")): r["spec"]["taint"].get(
+                "timeAdded"
+            )
+            for r in rules
+            if (r.get("spec") or {}).get("taint")
+        }
+        now = datetime.datetime.now(datetime.UTC)
+        for pod in [_d(p) for p in self.pods.store.list()]:
+            if not _live(pod):
+                continue
+            why = self._eviction_reason(pod, devices, from_rules, added, now)
+            if why:
+                await self._evict(pod, why)
+
+    def _eviction_reason(
+        self,
+        pod: JSON,
+        devices: dict[tuple[str, str, str], Device],
+        from_rules: Any,
+        added: dict[tuple[str, Any], Any],
+        now: datetime.datetime,
+    ) -> str:
+        meta = pod["metadata"]
+        names = {
+            s.get("name"): s.get("resourceClaimName")
+            for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+        }
+        for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
+            claim_name = ref.get("resourceClaimName") or names.get(ref.get("name"))
+            claim = (
+                self.claims.store.get(meta["namespace"], str(claim_name)) if claim_name else None
+            )
+            if claim is None:
+                continue
+            c = _d(claim)
+            results = (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+                "results"
+            ) or []
+            for r in results:
+                key = (r["driver"], r["pool"], r["device"])
+                device = devices.get(key) or Device(*key, node="")
+                taints = [t for t in device.taints if t.effect == "NoExecute"] + from_rules(device)
+                tolerations = _tolerations(c, str(r.get("request", "")))
+                for t in taints:
+                    if not tolerated(t, tolerations):
+                        return f"device {'/'.join(key)} has the NoExecute taint {t.key}={t.value}"
+                    seconds = _toleration_seconds(t, tolerations)
+                    since = added.get((t.key, t.effect))
+                    if seconds is not None and since:
+                        start = datetime.datetime.fromisoformat(str(since).replace("Z", "+00:00"))
+                        if now >= start + datetime.timedelta(seconds=max(0, seconds)):
+                            return f"device {'/'.join(key)}: toleration of {t.key} expired"
+        return ""
+
+    async def _evict(self, pod: JSON, why: str) -> None:
+        meta = pod["metadata"]
+        condition = {
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": "DeletionByDeviceTaintManager",
+            "message": "Device Taint manager: deleting due to NoExecute taint",
+        }
+        conditions = [
+            c for c in (pod.get("status") or {}).get("conditions") or []
+            if c.get("type") != "DisruptionTarget"
+        ]  # fmt: skip
+        with contextlib.suppress(ApiError):
+            await self.client.patch(
+                Pod.Status, meta["name"], {"status": {"conditions": [*conditions, condition]}},
+                namespace=meta["namespace"], patch_type=PatchType.MERGE,
+            )  # fmt: skip
+        try:
+            await self.client.delete(Pod, meta["name"], namespace=meta["namespace"])
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
+            return
+        self.deleted += 1
+        log.info("deleted pod %s/%s: %s", meta["namespace"], meta["name"], why)
+
+
+def _tolerations(claim: JSON, request: str) -> list[Any]:
+    top, _, sub = request.partition("/")
+    for req in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        if req.get("name") != top:
+            continue
+        if sub:
+            for s in req.get("firstAvailable") or []:
+                if s.get("name") == sub:
+                    return list(s.get("tolerations") or [])
+        return list((req.get("exactly") or {}).get("tolerations") or [])
+    return []
+
+
+def _toleration_seconds(taint: Taint, tolerations: list[Any]) -> int | None:
+    for t in tolerations:
+        if tolerated(taint, [t]) and t.get("tolerationSeconds") is not None:
+            return int(t["tolerationSeconds"])
+    return None
+
+
+def _owned_by(pod: JSON, owner: JSON) -> bool:
+    meta = pod["metadata"]
+    return meta.get("namespace") == owner["namespace"] and any(
+        o.get("uid") == owner["uid"] for o in meta.get("ownerReferences") or []
+    )
+
+
+class ReplicaSetStandIn:
+    """See the module docstring; ``run()`` until cancelled."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+        self.sets: Reflector[ReplicaSet] = Reflector(client, ReplicaSet, name="rs-sets")
+        self.pods: Reflector[Pod] = Reflector(client, Pod, name="rs-pods")
+        self.created = 0
+
+    async def run(self) -> None:
+        await _loop([self.sets, self.pods], self.pass_once)
+
+    async def pass_once(self) -> None:
+        pods = [_d(p) for p in self.pods.store.list()]
+        for rs in [_d(r) for r in self.sets.store.list()]:
+            meta, spec = rs["metadata"], rs.get("spec") or {}
+            owned = [p for p in pods if _owned_by(p, meta)]
+            live = sorted((p for p in owned if _live(p)), key=lambda p: p["metadata"]["name"])
+            want = int(spec.get("replicas", 1))
+            for _ in range(want - len(live)):
+                await self._create(rs)
+            for extra in live[want:]:
+                with contextlib.suppress(ApiError):
+                    await self.client.delete(
+                        Pod, extra["metadata"]["name"], namespace=meta["namespace"]
+                    )
+            ready = sum(1 for p in live if (p.get("status") or {}).get("phase") == "Running")
+            status = {"replicas": min(len(live), want), "readyReplicas": ready}
+            if {k: (rs.get("status") or {}).get(k) for k in status} != status:
+                with contextlib.suppress(ApiError):
+                    await self.client.patch(
+                        ReplicaSet.Status, meta["name"], {"status": status},
+                        namespace=meta["namespace"], patch_type=PatchType.MERGE,
+                    )  # fmt: skip
+
+    async def _create(self, rs: JSON) -> None:
+        meta = rs["metadata"]
+        template = (rs.get("spec") or {}).get("template") or {}
+        pod_meta = dict(template.get("metadata") or {})
+        pod_meta.update(
+            name=f"{meta['name']}-{secrets.token_hex(3)}",
+            namespace=meta["namespace"],
+            ownerReferences=[
+                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": meta["name"],
+                 "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
+            ],
+        )  # fmt: skip
+        body = {"metadata": pod_meta, "spec": template.get("spec") or {}}
+        await self.client.create(Pod.from_dict(body))  # type: ignore[call-overload]
+        self.created += 1
+
+
+class StandIns:
+    """The embedded control plane's controllers: scheduler, taint eviction, ReplicaSets."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.scheduler = SchedulerStandIn(client)
+        self.taint_eviction = TaintEvictionStandIn(client)
+        self.replicasets = ReplicaSetStandIn(client)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self.scheduler.run(), name="scheduler-stand-in"),
+            asyncio.create_task(self.taint_eviction.run(), name="taint-eviction-stand-in"),
+            asyncio.create_task(self.replicasets.run(), name="replicaset-stand-in"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
