@@ -327,3 +327,30 @@ async def test_a_restarted_controller_keeps_the_taint(client: AsyncClient) -> No
 
 async def _count_ours(client: AsyncClient, n: int) -> bool:
     return len([x for x in await rules(client) if x.startswith("dh-")]) == n
+
+
+async def test_recovery_waits_for_the_validation_hook(client: AsyncClient, tmp_path: Any) -> None:
+    flag = tmp_path / "passed"
+    check = f'test -f {flag} && test "$DRAHEALTH_DEVICE" = gpu.example.com/node-1/gpu-7'
+    hooked = f"""- name: any
+  match: {{driver: gpu.example.com}}
+  action: {{effect: NoSchedule}}
+  recovery:
+    healthyFor: 0.2s
+    validate: {{exec: ["sh", "-c", {check!r}], timeout: 5s}}
+"""
+    await set_health(client, gpu_7=("Unhealthy", "ECC"))
+    async with running(client, policy(hooked)) as controller:
+        await eventually(lambda: _count_ours(client, 1), 2.0, "the taint")
+        await set_health(client, gpu_7="Healthy")
+        await asyncio.sleep(1.0)  # the hook fails (no flag file): the taint stays
+        assert await _count_ours(client, 1)
+        flag.write_text("ok")
+        await eventually(lambda: _count_ours(client, 0), 3.0, "the untaint after the hook passed")
+        cm = await client.get(ConfigMap, HISTORY_CONFIGMAP, namespace="default")
+        messages = [h["message"] for h in json.loads((cm.data or {})["history"])]
+        assert any(
+            "validation of gpu.example.com/node-1/gpu-7 failed: exit 1" in m for m in messages
+        )
+        assert any("validation of gpu.example.com/node-1/gpu-7 passed" in m for m in messages)
+        assert controller.engine.wants(time.monotonic()) == {}
