@@ -1,8 +1,8 @@
 """The embedded control plane: a Kubernetes API server with real REST/watch semantics.
 
 ``APIServer`` serves the kinds this project uses (core Namespaces, Nodes, Pods with
-``/status`` and ``/eviction``, Events, ConfigMaps; coordination Leases; policy
-PodDisruptionBudgets; resource.k8s.io/v1 ResourceSlices, ResourceClaims,
+``/status`` and ``/eviction``, Events, ConfigMaps; coordination Leases; apps
+ReplicaSets; policy PodDisruptionBudgets; resource.k8s.io/v1 ResourceSlices, ResourceClaims,
 ResourceClaimTemplates, DeviceClasses, DeviceTaintRules) on 127.0.0.1, well enough for
 kubectl and lightkube. See ``docs/apiserver.md`` for what is simplified.
 
@@ -11,10 +11,26 @@ discovery), ``_selectors``, ``_patch`` (merge/JSON/strategic patch), ``_apply``
 (server-side apply, managedFields), ``_strategy`` (per-kind create/update rules),
 ``_validate``, ``_eviction`` (PDB arithmetic), ``_table`` (kubectl tables),
 ``_persist`` (data file), ``_engine`` (operations), ``_server`` (HTTP, lifecycle),
-``cli`` (the ``drahealth apiserver`` command).
+``cli`` (the ``drahealth apiserver`` command). Stand-ins for the cluster's
+controllers, which a real cluster has and the server does not run: ``_allocate``
+(DRA allocation), ``_scheduler`` (claims from templates, allocation, binding),
+``_standins`` (device-taint eviction, ReplicaSets, and ``StandIns`` to run them all).
 """
+
+from typing import TYPE_CHECKING, Any
 
 from ._persist import DataFileError
 from ._server import APIServer, serve_forever
 
-__all__ = ["APIServer", "DataFileError", "serve_forever"]
+if TYPE_CHECKING:
+    from ._standins import StandIns
+
+__all__ = ["APIServer", "DataFileError", "StandIns", "serve_forever"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "StandIns":  # imported on use: it pulls in the CEL library
+        from ._standins import StandIns
+
+        return StandIns
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
