@@ -18,7 +18,6 @@ control plane: one pod at a time, no scoring, no preemption.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import secrets
@@ -42,6 +41,7 @@ from drahealth.controlplane._allocate import (
     allocate,
     devices_from_slices,
 )
+from drahealth.controlplane._loop import as_dict, reconcile_loop
 from drahealth.kube import Reflector
 
 __all__ = ["SchedulerStandIn", "rule_taints"]
@@ -50,12 +50,6 @@ log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 _ENDED = ("Succeeded", "Failed")
-
-
-def _d(obj: Any) -> JSON:
-    out = obj.to_dict()
-    assert isinstance(out, dict)
-    return out
 
 
 def rule_taints(rules: list[JSON], effects: tuple[str, ...]) -> Any:
@@ -109,7 +103,6 @@ class SchedulerStandIn:
             client, DeviceTaintRule, name="sched-rules"
         )
         self.nodes: Reflector[Node] = Reflector(client, Node, name="sched-nodes")
-        self._wake = asyncio.Event()
         self.bound = 0
         self.unschedulable: dict[str, str] = {}  # namespace/name -> reason
 
@@ -118,28 +111,10 @@ class SchedulerStandIn:
             self.pods, self.claims, self.templates, self.slices, self.classes, self.rules,
             self.nodes,
         ]  # fmt: skip
-        for r in reflectors:
-            r.add_handler(lambda *_a: self._wake.set())
-            await r.start()
-        try:
-            for r in reflectors:
-                await r.wait_synced()
-            while True:
-                self._wake.clear()
-                try:
-                    await self.pass_once()
-                except ApiError as exc:
-                    log.warning("scheduler stand-in: %s", exc.status.message)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(1.0):
-                        await self._wake.wait()
-                await asyncio.sleep(0.01)
-        finally:
-            for r in reflectors:
-                await r.stop()
+        await reconcile_loop(reflectors, self.pass_once, "scheduler stand-in")
 
     async def pass_once(self) -> None:
-        pods = [_d(p) for p in self.pods.store.list()]
+        pods = [as_dict(p) for p in self.pods.store.list()]
         live = {
             str(p["metadata"].get("uid"))
             for p in pods
@@ -157,7 +132,7 @@ class SchedulerStandIn:
 
     async def _release(self, live: set[str]) -> None:
         existing = {str(p.metadata.uid) for p in self.pods.store.list() if p.metadata}
-        for c in [_d(c) for c in self.claims.store.list()]:
+        for c in [as_dict(c) for c in self.claims.store.list()]:
             meta, status = c["metadata"], c.get("status") or {}
             owners = [o for o in meta.get("ownerReferences") or [] if o.get("kind") == "Pod"]
             if owners and not any(o.get("uid") in existing for o in owners):
@@ -218,7 +193,7 @@ class SchedulerStandIn:
                             }
                         ],
                     },
-                    "spec": _d(template).get("spec", {}).get("spec", {}),
+                    "spec": as_dict(template).get("spec", {}).get("spec", {}),
                 }
                 await self.client.create(ResourceClaim.from_dict(body))  # type: ignore[call-overload]
                 statuses = [
@@ -242,7 +217,7 @@ class SchedulerStandIn:
         if missing:
             self._unschedulable(pod, f"ResourceClaim {missing[0]} not found")
             return
-        all_claims = [_d(c) for c in self.claims.store.list()]
+        all_claims = [as_dict(c) for c in self.claims.store.list()]
         in_use = {
             (r["driver"], r["pool"], r["device"])
             for c in all_claims
@@ -252,14 +227,18 @@ class SchedulerStandIn:
             or []
             if not r.get("adminAccess")
         }
-        devices = devices_from_slices(_d(s) for s in self.slices.store.list())
-        classes = {str(c.metadata.name): _d(c) for c in self.classes.store.list() if c.metadata}
-        taints = rule_taints([_d(r) for r in self.rules.store.list()], ("NoSchedule", "NoExecute"))
+        devices = devices_from_slices(as_dict(s) for s in self.slices.store.list())
+        classes = {
+            str(c.metadata.name): as_dict(c) for c in self.classes.store.list() if c.metadata
+        }
+        taints = rule_taints(
+            [as_dict(r) for r in self.rules.store.list()], ("NoSchedule", "NoExecute")
+        )
         node: str | None = None
         plans: list[tuple[JSON, list[JSON]]] = []
         for claim_obj in claims.values():
             assert claim_obj is not None
-            c = _d(claim_obj)
+            c = as_dict(claim_obj)
             alloc = (c.get("status") or {}).get("allocation")
             if alloc:
                 claim_node = _alloc_node(alloc)

@@ -31,6 +31,7 @@ from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim, Reso
 from lightkube.types import PatchType
 
 from drahealth.controlplane._allocate import Device, Taint, devices_from_slices, tolerated
+from drahealth.controlplane._loop import as_dict, reconcile_loop
 from drahealth.controlplane._scheduler import SchedulerStandIn, rule_taints
 from drahealth.kube import Reflector
 
@@ -42,40 +43,11 @@ JSON = dict[str, Any]
 _ENDED = ("Succeeded", "Failed")
 
 
-def _d(obj: Any) -> JSON:
-    out = obj.to_dict()
-    assert isinstance(out, dict)
-    return out
-
-
 def _live(pod: JSON) -> bool:
     return (
         not pod["metadata"].get("deletionTimestamp")
         and (pod.get("status") or {}).get("phase") not in _ENDED
     )
-
-
-async def _loop(reflectors: list[Reflector[Any]], step: Any) -> None:
-    wake = asyncio.Event()
-    for r in reflectors:
-        r.add_handler(lambda *_a: wake.set())
-        await r.start()
-    try:
-        for r in reflectors:
-            await r.wait_synced()
-        while True:
-            wake.clear()
-            try:
-                await step()
-            except ApiError as exc:
-                log.warning("stand-in pass failed: %s", exc.status.message)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(1.0):
-                    await wake.wait()
-            await asyncio.sleep(0.01)
-    finally:
-        for r in reflectors:
-            await r.stop()
 
 
 class TaintEvictionStandIn:
@@ -96,11 +68,15 @@ class TaintEvictionStandIn:
         self.deleted = 0
 
     async def run(self) -> None:
-        await _loop([self.pods, self.claims, self.slices, self.rules], self.pass_once)
+        await reconcile_loop(
+            [self.pods, self.claims, self.slices, self.rules], self.pass_once, "taint eviction"
+        )
 
     async def pass_once(self) -> None:
-        devices = {d.key: d for d in devices_from_slices(_d(s) for s in self.slices.store.list())}
-        rules = [_d(r) for r in self.rules.store.list()]
+        devices = {
+            d.key: d for d in devices_from_slices(as_dict(s) for s in self.slices.store.list())
+        }
+        rules = [as_dict(r) for r in self.rules.store.list()]
         from_rules = rule_taints(rules, ("NoExecute",))
         added = {
             (r["spec"]["taint"]["key"], r["spec"]["taint"].get("effect")): r["spec"]["taint"].get(
@@ -110,7 +86,7 @@ class TaintEvictionStandIn:
             if (r.get("spec") or {}).get("taint")
         }
         now = datetime.datetime.now(datetime.UTC)
-        for pod in [_d(p) for p in self.pods.store.list()]:
+        for pod in [as_dict(p) for p in self.pods.store.list()]:
             if not _live(pod):
                 continue
             why = self._eviction_reason(pod, devices, from_rules, added, now)
@@ -137,7 +113,7 @@ class TaintEvictionStandIn:
             )
             if claim is None:
                 continue
-            c = _d(claim)
+            c = as_dict(claim)
             results = (((c.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
                 "results"
             ) or []
@@ -221,11 +197,11 @@ class ReplicaSetStandIn:
         self.created = 0
 
     async def run(self) -> None:
-        await _loop([self.sets, self.pods], self.pass_once)
+        await reconcile_loop([self.sets, self.pods], self.pass_once, "replicasets")
 
     async def pass_once(self) -> None:
-        pods = [_d(p) for p in self.pods.store.list()]
-        for rs in [_d(r) for r in self.sets.store.list()]:
+        pods = [as_dict(p) for p in self.pods.store.list()]
+        for rs in [as_dict(r) for r in self.sets.store.list()]:
             meta, spec = rs["metadata"], rs.get("spec") or {}
             owned = [p for p in pods if _owned_by(p, meta)]
             live = sorted((p for p in owned if _live(p)), key=lambda p: p["metadata"]["name"])

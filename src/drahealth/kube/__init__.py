@@ -29,6 +29,7 @@ from ._ops import (
     patch_status,
     retry_on_conflict,
     status_code,
+    write_configmap_data,
 )
 from ._reflector import (
     Backoff,
@@ -71,4 +72,5 @@ __all__ = [
     "retry_on_conflict",
     "rv_newer",
     "status_code",
+    "write_configmap_data",
 ]

@@ -34,6 +34,7 @@ __all__ = [
     "patch_status",
     "retry_on_conflict",
     "status_code",
+    "write_configmap_data",
 ]
 
 R = TypeVar("R")
@@ -234,3 +235,25 @@ async def retry_on_conflict(
                 raise
         await asyncio.sleep(base_delay * (2**attempt) * (0.5 + random.random() / 2))
     raise AssertionError("unreachable")
+
+
+async def write_configmap_data(
+    client: AsyncClient,
+    name: str,
+    namespace: str,
+    data: Mapping[str, str],
+    labels: Mapping[str, str] | None = None,
+) -> None:
+    """Set ``data`` keys of the ConfigMap (merge patch), creating it with ``labels`` if absent."""
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import ConfigMap
+
+    try:
+        await client.patch(
+            ConfigMap, name, {"data": dict(data)}, namespace=namespace, patch_type=PatchType.MERGE
+        )
+    except Exception as exc:
+        if not is_not_found(exc):
+            raise
+        meta = ObjectMeta(name=name, namespace=namespace, labels=dict(labels or {}))
+        await client.create(ConfigMap(metadata=meta, data=dict(data)))

@@ -24,13 +24,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from lightkube import ApiError, AsyncClient
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap
+from lightkube import AsyncClient
 
 from drahealth import api
 from drahealth.core import DeviceKey
 from drahealth.core._records import HealthChange
+from drahealth.kube import write_configmap_data
 from drahealth.node._events import (
     EventRecorder,
 )
@@ -209,18 +208,5 @@ class ObserverMode:
         name = configmap_name(self.config.node_name)
         ns = self.config.postmortem_namespace
         data = {k: json.dumps(v, ensure_ascii=False) for k, v in sorted(self.records.items())}
-        try:
-            await self.client.patch(ConfigMap, name, {"data": data}, namespace=ns)
-        except ApiError as exc:
-            if exc.status.code != 404:
-                raise
-            await self.client.create(
-                ConfigMap(
-                    metadata=ObjectMeta(
-                        name=name,
-                        namespace=ns,
-                        labels={"app.kubernetes.io/managed-by": "drahealth-agent"},
-                    ),
-                    data=data,
-                )
-            )
+        labels = {"app.kubernetes.io/managed-by": "drahealth-agent"}
+        await write_configmap_data(self.client, name, ns, data, labels)

@@ -21,14 +21,12 @@ import json
 import logging
 from typing import Any, Final
 
-from lightkube import ApiError, AsyncClient
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap
-from lightkube.types import PatchType
+from lightkube import AsyncClient
 
 from drahealth.core import Health
 from drahealth.core._health_cache import HealthCache
 from drahealth.core._records import HealthChange
+from drahealth.kube import write_configmap_data
 
 __all__ = ["COMPONENT_LABEL", "DeviceHealthPublisher", "devices_configmap_name"]
 
@@ -122,30 +120,12 @@ class DeviceHealthPublisher:
                 await asyncio.sleep(1.0)
 
     async def _write(self, data: dict[str, str]) -> None:
-        name = devices_configmap_name(self.node)
-        try:
-            await self.client.patch(
-                ConfigMap,
-                name,
-                {"data": data},
-                namespace=self.namespace,
-                patch_type=PatchType.MERGE,
-            )
-        except ApiError as exc:
-            if exc.status.code != 404:
-                raise
-            key, value = COMPONENT_LABEL
-            await self.client.create(
-                ConfigMap(
-                    metadata=ObjectMeta(
-                        name=name,
-                        namespace=self.namespace,
-                        labels={
-                            key: value,
-                            "app.kubernetes.io/managed-by": "drahealth-agent",
-                            "drahealth.io/node": self.node,
-                        },
-                    ),
-                    data=data,
-                )
-            )
+        key, value = COMPONENT_LABEL
+        labels = {
+            key: value,
+            "app.kubernetes.io/managed-by": "drahealth-agent",
+            "drahealth.io/node": self.node,
+        }
+        await write_configmap_data(
+            self.client, devices_configmap_name(self.node), self.namespace, data, labels
+        )

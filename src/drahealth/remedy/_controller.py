@@ -45,7 +45,7 @@ from lightkube.types import PatchType
 from drahealth.core import DeviceKey, Health
 from drahealth.core._policy import DeviceFacts, Policy, Validate
 from drahealth.core._remedy_engine import RemedyEngine, Want
-from drahealth.kube import Reflector
+from drahealth.kube import Reflector, write_configmap_data
 from drahealth.remedy._evict import Evictor
 from drahealth.remedy._metrics import ControllerMetrics
 from drahealth.remedy._rules import (
@@ -488,24 +488,10 @@ class RemediationController:
             return
         data = {"history": json.dumps(list(self._history), ensure_ascii=False)}
         try:
-            try:
-                await self.client.patch(
-                    ConfigMap, HISTORY_CONFIGMAP, {"data": data}, namespace=self.namespace,
-                    patch_type=PatchType.MERGE,
-                )  # fmt: skip
-            except ApiError as exc:
-                if exc.status.code != 404:
-                    raise
-                await self.client.create(
-                    ConfigMap(
-                        metadata=ObjectMeta(
-                            name=HISTORY_CONFIGMAP,
-                            namespace=self.namespace,
-                            labels={MANAGED_BY: CONTROLLER_LABEL},
-                        ),
-                        data=data,
-                    )
-                )
+            await write_configmap_data(
+                self.client, HISTORY_CONFIGMAP, self.namespace, data,
+                {MANAGED_BY: CONTROLLER_LABEL},
+            )  # fmt: skip
             self._history_dirty = False
         except ApiError as exc:
             log.warning("writing the remediation history failed: %s", exc.status.message)

@@ -17,8 +17,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
 from typing import Any, Final
+
+from drahealth.core import DeviceKey
 
 __all__ = [
     "CONTROLLER_LABEL",
@@ -58,16 +59,8 @@ class RuleError(ValueError):
     """Bad taint input; the text names the field and the value."""
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class DeviceRef:
-    """One device, as ``DRIVER/POOL/DEVICE``."""
-
-    driver: str
-    pool: str
-    device: str
-
-    def __str__(self) -> str:
-        return f"{self.driver}/{self.pool}/{self.device}"
+#: A device, as ``DRIVER/POOL/DEVICE`` (the core's key).
+DeviceRef = DeviceKey
 
 
 def parse_device(text: str) -> DeviceRef:
