@@ -1,72 +1,58 @@
-"""``drahealth demo``: the device-health loop on the embedded control plane, narrated.
+"""``drahealth demo``: the whole device-health loop on one machine, narrated.
 
-Starts the embedded API server, seeds a node with a GPU ResourceSlice, a DeviceClass,
-an allocated ResourceClaim and a Pod using it, then walks the loop a device failure
-takes through the Kubernetes API: health in Pod status, a DeviceTaintRule, an
-eviction held by a PodDisruptionBudget, then allowed. Every step is a real request
-through lightkube to the embedded server, and each is confirmed by a watch (the
-reflector), with the time it took printed on the timeline.
+Starts a :class:`~drahealth.cli._cluster.LocalCluster` (embedded API server, the control
+plane's stand-ins, the remediation controller, and per node a sample GPU driver and a
+node agent as real processes), deploys a two-replica workload whose pods get their GPU
+from a ResourceClaimTemplate, then runs the story a device failure takes: the fault
+reaches the pod status, the controller taints the device NoExecute, the pod is evicted
+and replaced on a healthy device, the device recovers and the taint is removed. Each
+step is observed through the API and printed with its latency. ``--no-script`` leaves
+the cluster running for manual fault injection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import signal
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
-from lightkube import ApiError, AsyncClient, codecs
-from lightkube.models.meta_v1 import ObjectMeta
+from lightkube import AsyncClient, codecs
 from lightkube.resources.core_v1 import Pod
-from lightkube.resources.policy_v1 import PodDisruptionBudget
-from lightkube.types import PatchType
+from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim
 from rich.console import Console
 
-from drahealth.controlplane import APIServer
-from drahealth.kube import Reflector, make_client
-
-DRIVER = "gpu.example.com"
-NODE = "node-1"
-DEVICE = "gpu-3"
+from drahealth.cli._cluster import DRIVER, LocalCluster
+from drahealth.remedy._policy_load import parse_policy
 
 console = Console(highlight=False)
+T = TypeVar("T")
+
+POLICY = """apiVersion: drahealth.io/v1
+kind: RemediationPolicy
+rules:
+  - name: gpu-fatal-xid
+    match: {driver: gpu.example.com, message: "XID (48|79)"}
+    action: {effect: NoExecute, taintValue: fatal-xid}
+    recovery: {healthyFor: 3s}
+  - name: gpu-unhealthy
+    match: {driver: gpu.example.com}
+    action: {effect: NoSchedule, gracePeriod: 2s}
+    recovery: {healthyFor: 3s}
+"""
+
+FAULT = "XID 79: GPU has fallen off the bus"
 
 
-class Timeline:
-    """Prints numbered steps with the wall time each took."""
-
-    def __init__(self) -> None:
-        self.start = time.monotonic()
-        self.step = 0
-
-    async def run(self, title: str, action: Callable[[], Awaitable[str]]) -> None:
-        self.step += 1
-        t0 = time.monotonic()
-        detail = await action()
-        took = (time.monotonic() - t0) * 1000
-        at = time.monotonic() - self.start
-        console.print(
-            f"[dim]{at:6.2f}s[/] [bold]{self.step:2d}.[/] {title}: {detail} "
-            f"[cyan]({took:.1f} ms)[/]"
-        )
-
-
-def _seed_objects() -> list[dict[str, Any]]:
-    devices = [
-        {
-            "name": f"gpu-{i}",
-            "attributes": {"index": {"int": i}, "model": {"string": "SIM-GPU-80G"}},
-            "capacity": {"memory": {"value": "80Gi"}},
-        }
-        for i in range(8)
-    ]
+def _workload() -> list[dict[str, Any]]:
     return [
-        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}},
         {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "DeviceClass",
@@ -75,215 +61,270 @@ def _seed_objects() -> list[dict[str, Any]]:
         },
         {
             "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceSlice",
-            "metadata": {"name": f"{NODE}-{DRIVER}"},
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "one-gpu", "namespace": "default"},
             "spec": {
-                "driver": DRIVER,
-                "nodeName": NODE,
-                "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
-                "devices": devices,
-            },
-        },
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": "trainer-gpu", "namespace": "default"},
-            "spec": {
-                "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "trainer", "namespace": "default", "labels": {"app": "trainer"}},
-            "spec": {
-                "nodeName": NODE,
-                "resourceClaims": [{"name": "gpu", "resourceClaimName": "trainer-gpu"}],
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": "registry.example/trainer:1",
-                        "resources": {"claims": [{"name": "gpu"}]},
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]
                     }
-                ],
+                }
             },
         },
         {
-            "apiVersion": "policy/v1",
-            "kind": "PodDisruptionBudget",
+            "apiVersion": "apps/v1",
+            "kind": "ReplicaSet",
             "metadata": {"name": "trainer", "namespace": "default"},
-            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "trainer"}}},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"app": "trainer"}},
+                "template": {
+                    "metadata": {"labels": {"app": "trainer"}},
+                    "spec": {
+                        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                        "containers": [
+                            {
+                                "name": "main",
+                                "image": "registry.example/trainer:1",
+                                "resources": {"claims": [{"name": "gpu"}]},
+                            }
+                        ],
+                    },
+                },
+            },
         },
     ]
 
 
-async def _evict(client: AsyncClient) -> None:
-    eviction = Pod.Eviction(metadata=ObjectMeta(name="trainer", namespace="default"))
-    await client.create(eviction, name="trainer", namespace="default")
+@dataclass(frozen=True)
+class Placement:
+    pod: str
+    node: str
+    device: str  # pool/device
+    health: str
+    message: str
+    phase: str
+
+    def __str__(self) -> str:
+        text = f"{self.pod} on {self.device} {self.health}"
+        return text + (f' "{self.message}"' if self.message else "")
 
 
-def _health_status(health: str, message: str | None) -> dict[str, Any]:
-    resource: dict[str, Any] = {"resourceID": f"{DRIVER}/{NODE}/{DEVICE}", "health": health}
-    if message:
-        resource["message"] = message
-    return {
-        "status": {
-            "phase": "Running",
-            "conditions": [{"type": "Ready", "status": "True"}],
-            "containerStatuses": [
-                {
-                    "name": "main",
-                    "ready": True,
-                    "restartCount": 0,
-                    "image": "registry.example/trainer:1",
-                    "imageID": "",
-                    "allocatedResourcesStatus": [{"name": "claim:gpu", "resources": [resource]}],
-                }
-            ],
-        }
-    }
-
-
-async def _story(client: AsyncClient, pods: Reflector[Pod], timeline: Timeline) -> None:
-    async def seen(predicate: Callable[[Pod | None], bool]) -> None:
-        done = asyncio.Event()
-
-        def check(*_: object) -> None:
-            if predicate(pods.store.get("default", "trainer")):
-                done.set()
-
-        pods.add_handler(check)
-        try:
-            check()
-            async with asyncio.timeout(5.0):
-                await done.wait()
-        except TimeoutError:
-            raise TimeoutError("the watch did not confirm the change within 5 s") from None
-        finally:
-            pods.remove_handler(check)
-
-    def health_is(expected: str) -> Callable[[Pod | None], bool]:
-        def check(pod: Pod | None) -> bool:
-            try:
-                res = pod.status.containerStatuses[0].allocatedResourcesStatus[0].resources[0]  # type: ignore[union-attr,index]
-            except (AttributeError, IndexError, TypeError):
-                return False
-            return bool(res.health == expected)
-
-        return check
-
-    async def seed() -> str:
-        for obj in _seed_objects():
-            await client.create(codecs.from_dict(obj))
-        allocation = {
-            "status": {
-                "allocation": {
-                    "devices": {
-                        "results": [
-                            {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": DEVICE}
-                        ]
-                    }
-                }
-            }
-        }
-        from lightkube.resources.resource_v1 import ResourceClaim
-
-        await client.patch(
-            ResourceClaim.Status,
-            "trainer-gpu",
-            allocation,
-            namespace="default",
-            patch_type=PatchType.MERGE,
+async def placements(client: AsyncClient) -> list[Placement]:
+    """The live workload pods with their device and its health from the pod status."""
+    out = []
+    async for pod in client.list(Pod, namespace="default"):
+        if pod.metadata is None or pod.metadata.deletionTimestamp or pod.spec is None:
+            continue
+        status = pod.status
+        device = ""
+        for s in (status.resourceClaimStatuses or []) if status else []:
+            with contextlib.suppress(Exception):
+                claim = await client.get(
+                    ResourceClaim, str(s.resourceClaimName), namespace="default"
+                )
+                results = claim.status.allocation.devices.results  # type: ignore[union-attr]
+                device = f"{results[0].pool}/{results[0].device}"  # type: ignore[index]
+        health, message = "", ""
+        for cs in (status.containerStatuses or []) if status else []:
+            for entry in cs.allocatedResourcesStatus or []:
+                for res in entry.resources or []:
+                    health, message = res.health or "", res.message or ""
+        out.append(
+            Placement(
+                str(pod.metadata.name),
+                str(pod.spec.nodeName or ""),
+                device,
+                health,
+                message,
+                str(status.phase if status else ""),
+            )
         )
-        await seen(lambda p: p is not None)
-        return f"node {NODE}, 8 devices of {DRIVER}, claim trainer-gpu -> {DEVICE}, pod trainer"
+    return sorted(out, key=lambda p: p.pod)
 
-    async def report(health: str, message: str | None) -> str:
-        await client.patch(
-            Pod.Status,
-            "trainer",
-            _health_status(health, message),
-            namespace="default",
-            patch_type=PatchType.STRATEGIC,
+
+class Timeline:
+    """Numbered steps: time since start, what happened, and how long it took."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.step = 0
+        self.latencies: dict[str, float] = {}
+
+    def print(self, title: str, detail: str, took: float) -> None:
+        self.step += 1
+        self.latencies[title] = took
+        at = time.monotonic() - self.start
+        console.print(
+            f"[dim]{at:6.2f}s[/] [bold]{self.step:2d}.[/] {title}: {detail} "
+            f"[cyan]({took * 1000:.0f} ms)[/]"
         )
-        await seen(health_is(health))
-        return f"{DRIVER}/{NODE}/{DEVICE} {health}" + (f' "{message}"' if message else "")
 
-    async def taint() -> str:
-        rule = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "DeviceTaintRule",
-            "metadata": {"name": f"{NODE}-{DEVICE}-unhealthy"},
-            "spec": {
-                "deviceSelector": {"driver": DRIVER, "pool": NODE, "device": DEVICE},
-                "taint": {"key": f"{DRIVER}/unhealthy", "value": "xid-79", "effect": "NoExecute"},
-            },
-        }
-        created: Any = await client.create(codecs.from_dict(rule))
-        added = created.spec.taint.timeAdded
-        return f"DeviceTaintRule {created.metadata.name} NoExecute, timeAdded {added}"
 
-    async def evict() -> str:
-        try:
-            await _evict(client)
-        except ApiError as exc:
-            return f"refused with {exc.status.code}: {exc.status.message}"
-        return "unexpectedly allowed"
+async def until(
+    check: Callable[[], Awaitable[T | None]], within: float, what: str
+) -> tuple[T, float]:
+    """Poll ``check`` until it returns a value; (value, seconds it took)."""
+    t0 = time.monotonic()
+    while True:
+        value = await check()
+        if value is not None and value is not False:
+            return value, time.monotonic() - t0
+        if time.monotonic() - t0 > within:
+            raise TimeoutError(f"{what} did not happen within {within:g} s")
+        await asyncio.sleep(0.02)
 
-    async def relax_and_evict() -> str:
-        await client.patch(
-            PodDisruptionBudget,
-            "trainer",
-            {"spec": {"minAvailable": 0}},
-            namespace="default",
-            patch_type=PatchType.MERGE,
-        )
-        await asyncio.sleep(0)
-        await _evict(client)
-        await seen(lambda p: p is None)
-        return "pod default/trainer evicted; the watch saw it go"
 
-    await timeline.run("seed the cluster", seed)
-    await timeline.run("driver reports the device healthy", lambda: report("Healthy", None))
-    await timeline.run(
-        "fault: pod status shows", lambda: report("Unhealthy", "XID 79: GPU fallen off the bus")
+async def deploy(cluster: LocalCluster, timeline: Timeline) -> list[Placement]:
+    client = cluster.client
+    assert client is not None
+    t0 = time.monotonic()
+    for obj in _workload():
+        await client.create(codecs.from_dict(obj))
+
+    async def running() -> list[Placement] | None:
+        now = await placements(client)
+        ok = [p for p in now if p.phase == "Running" and p.health == "Healthy"]
+        return ok if len(ok) == 2 else None
+
+    pods, _ = await until(running, 30, "two healthy running pods")
+    timeline.print(
+        "workload running",
+        "ReplicaSet trainer x2, claims from template one-gpu: " + "; ".join(map(str, pods)),
+        time.monotonic() - t0,
     )
-    await timeline.run("taint the failed device", taint)
-    await timeline.run("evict while the PDB allows no disruption", evict)
-    await timeline.run("relax the PDB and evict", relax_and_evict)
+    return pods
 
 
-async def run_demo(port: int, kubeconfig_out: Path | None, script: bool) -> int:
+async def story(cluster: LocalCluster, timeline: Timeline) -> None:
+    client = cluster.client
+    assert client is not None
+    first = await deploy(cluster, timeline)
+    victim, known = first[0], {p.pod for p in first}
+    pool, device = victim.device.split("/")
+    node = cluster.node(victim.node)
+    fault_at = time.monotonic()
+    await cluster.inject(node, device, "unhealthy", "--message", FAULT)
+
+    async def unhealthy() -> Placement | None:
+        return next(
+            (
+                p
+                for p in await placements(client)
+                if p.pod == victim.pod and p.health == "Unhealthy"
+            ),
+            None,
+        )
+
+    seen, _ = await until(unhealthy, 10, "Unhealthy in the pod status")
+    timeline.print("fault reaches the pod status", str(seen), time.monotonic() - fault_at)
+
+    async def tainted() -> Any:
+        rules = [r async for r in client.list(DeviceTaintRule)]
+        return next(
+            (
+                r
+                for r in rules
+                if r.spec and r.spec.deviceSelector and r.spec.deviceSelector.device == device
+            ),
+            None,
+        )
+
+    rule, _ = await until(tainted, 10, "the DeviceTaintRule")
+    taint = rule.spec.taint
+    timeline.print(
+        "controller taints the device",
+        f"DeviceTaintRule {rule.metadata.name}: {taint.key}={taint.value}:{taint.effect}",
+        time.monotonic() - fault_at,
+    )
+
+    async def evicted() -> bool:
+        return all(p.pod != victim.pod for p in await placements(client))
+
+    await until(evicted, 10, "the eviction")
+    timeline.print(
+        "pod evicted",
+        f"{victim.pod} (DisruptionTarget: DeletionByDeviceTaintManager)",
+        time.monotonic() - fault_at,
+    )
+
+    async def replaced() -> Placement | None:
+        now = await placements(client)
+        fresh = [
+            p for p in now if p.pod not in known and p.phase == "Running" and p.health == "Healthy"
+        ]
+        return fresh[0] if len(now) == 2 and fresh else None
+
+    new, _ = await until(replaced, 20, "the replacement pod")
+    timeline.print("replacement running on a healthy device", str(new), time.monotonic() - fault_at)
+
+    repair_at = time.monotonic()
+    await cluster.inject(node, device, "healthy", "--message", "repaired")
+
+    async def untainted() -> bool:
+        return await tainted() is None
+
+    await until(untainted, 15, "the untaint")
+    timeline.print(
+        "device verified healthy, taint removed",
+        f"{DRIVER}/{pool}/{device} Healthy for 3 s -> DeviceTaintRule deleted",
+        time.monotonic() - repair_at,
+    )
+
+
+async def run_demo(
+    port: int, kubeconfig_out: Path | None, script: bool, nodes: int, keep: bool
+) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="drahealth-demo-"))
-    kubeconfig = kubeconfig_out or workdir / "kubeconfig"
-    server = APIServer()
-    await server.start(host="127.0.0.1", port=port)
-    server.write_kubeconfig(kubeconfig)
-    console.print(f"embedded API server: {server.url}")
-    console.print(
-        f"kubeconfig: {kubeconfig}   (try: kubectl --kubeconfig {kubeconfig} get pods -w)"
-    )
-    client = make_client(server_url=server.url)
-    pods: Reflector[Pod] = Reflector(client, Pod, namespace="default")
+    policy = parse_policy(POLICY, "demo policy")
+    cluster = LocalCluster(workdir, policy, nodes=nodes, port=port)
+    timeline = Timeline()
     try:
-        await pods.start()
-        await pods.wait_synced(5)
+        t0 = time.monotonic()
+        await cluster.start()
+        devices = 0
+        for published in await cluster.slices():
+            devices += len(published.spec.devices or []) if published.spec else 0
+        timeline.print(
+            "cluster up",
+            f"{nodes} nodes (sample GPU driver + node agent each), {devices} GPUs in "
+            f"ResourceSlices, scheduler/eviction/ReplicaSet stand-ins, remediation controller",
+            time.monotonic() - t0,
+        )
+        kubeconfig = cluster.kubeconfig
+        if kubeconfig_out is not None:
+            shutil.copyfile(kubeconfig, kubeconfig_out)
+            kubeconfig = kubeconfig_out
+        console.print(f"embedded API server: {cluster.server.url}")
+        console.print(
+            f"kubeconfig: {kubeconfig}   (try: kubectl --kubeconfig {kubeconfig} get pods -w)"
+        )
         if script:
-            await _story(client, pods, Timeline())
+            await story(cluster, timeline)
             console.print("[green]demo complete[/]")
-        else:
-            console.print("running; press Ctrl-C to stop")
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
-            await stop.wait()
+            return 0
+        await deploy(cluster, timeline)
+        first = cluster.nodes[0]
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        console.print(
+            "running; inject a fault with:\n"
+            f"  drahealth inject --state-dir {first.driver_state} gpu-0 unhealthy "
+            f'--message "{FAULT}"\n'
+            "press Ctrl-C to stop"
+        )
+        await stop.wait()
         return 0
+    except (TimeoutError, RuntimeError) as exc:
+        console.print(f"[red]demo failed: {exc}[/] (logs in {workdir})")
+        keep = True
+        return 1
     finally:
-        await pods.stop()
-        with contextlib.suppress(Exception):
-            await client.close()
-        await server.stop()
+        await cluster.stop()
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 @click.command()
@@ -297,14 +338,20 @@ async def run_demo(port: int, kubeconfig_out: Path | None, script: bool) -> int:
 @click.option(
     "--kubeconfig-out",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Where to write the kubeconfig.",
+    help="Also write the kubeconfig here.",
 )
 @click.option(
     "--script/--no-script",
     default=True,
     show_default=True,
-    help="Run the scripted story, or just stay up.",
+    help="Run the scripted story, or deploy the workload and stay up.",
 )
-def demo_command(port: int, kubeconfig_out: Path | None, script: bool) -> None:
-    """Run the device-health loop on the embedded control plane and narrate it."""
-    raise SystemExit(asyncio.run(run_demo(port, kubeconfig_out, script)))
+@click.option(
+    "--nodes", type=click.IntRange(1, 8), default=2, show_default=True, help="Simulated nodes."
+)
+@click.option("--keep", is_flag=True, help="Keep the work directory (logs, state) at the end.")
+def demo_command(
+    port: int, kubeconfig_out: Path | None, script: bool, nodes: int, keep: bool
+) -> None:
+    """Run the whole device-health loop on one machine and narrate it."""
+    raise SystemExit(asyncio.run(run_demo(port, kubeconfig_out, script, nodes, keep)))

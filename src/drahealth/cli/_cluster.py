@@ -1,0 +1,175 @@
+"""A whole DRA device-health cluster on one machine, for ``drahealth demo``.
+
+Owns :class:`LocalCluster`: the embedded API server and the control plane's stand-ins
+and remediation controller in this process; per simulated node a sample GPU driver
+(``drahealth driver``) and a node agent (``drahealth agent --mode kubelet``) as real
+subprocesses, each with its own registry, plugin, CDI and state directories under the
+work directory. ``start()`` returns once every node's ResourceSlice is published;
+``stop()`` stops everything (agents first, then drivers, then the control plane).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from lightkube import AsyncClient
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Node
+from lightkube.resources.resource_v1 import ResourceSlice
+
+from drahealth.controlplane import APIServer
+from drahealth.core._policy import Policy
+from drahealth.kube import make_client
+
+__all__ = ["DRIVER", "LocalCluster", "NodeProcesses"]
+
+DRIVER = "gpu.example.com"
+
+
+@dataclass
+class NodeProcesses:
+    name: str
+    base: Path
+    driver: asyncio.subprocess.Process | None = None
+    agent: asyncio.subprocess.Process | None = None
+
+    @property
+    def driver_state(self) -> str:
+        return str(self.base / "driver")
+
+
+def _ready(path: Path) -> bool:
+    try:
+        return "ready: " in path.read_text(errors="replace")
+    except FileNotFoundError:
+        return False
+
+
+class LocalCluster:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        policy: Policy,
+        *,
+        nodes: int = 2,
+        devices: int = 8,
+        lease: int = 5,
+        port: int = 0,
+    ) -> None:
+        self.workdir = workdir
+        self.policy = policy
+        self.port = port
+        self.lease = lease
+        self.devices = devices
+        self.nodes = [
+            NodeProcesses(f"node-{i + 1}", workdir / f"node-{i + 1}") for i in range(nodes)
+        ]
+        self.server = APIServer()
+        self.kubeconfig = workdir / "kubeconfig"
+        self.client: AsyncClient | None = None
+        self._logs: list[IO[bytes]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._standins: Any = None
+
+    async def start(self, timeout: float = 30.0) -> None:  # noqa: ASYNC109
+        from drahealth.controlplane import StandIns
+        from drahealth.remedy._controller import RemediationController
+
+        await self.server.start(host="127.0.0.1", port=self.port)
+        self.server.write_kubeconfig(self.kubeconfig)
+        self.client = make_client(server_url=self.server.url)
+        for node in self.nodes:
+            await self.client.create(Node(metadata=ObjectMeta(name=node.name)))
+        self._standins = StandIns(self.client)
+        await self._standins.start()
+        controller = RemediationController(self.client, self.policy, identity="demo-controller")
+        self._tasks.append(asyncio.create_task(controller.run(), name="remediation"))
+        for node in self.nodes:
+            node.base.mkdir(parents=True, exist_ok=True)
+            node.driver = await self._spawn(node, "driver", [
+                "driver", "--profile", "sim-gpu", "--driver-name", DRIVER,
+                "--node-name", node.name, "--devices", str(self.devices),
+                "--registry-dir", str(node.base / "reg"),
+                "--plugins-dir", str(node.base / "plugins"),
+                "--cdi-dir", str(node.base / "cdi"), "--state-dir", node.driver_state,
+                "--kubeconfig", str(self.kubeconfig), "--health-timeout", str(self.lease),
+            ])  # fmt: skip
+            node.agent = await self._spawn(node, "agent", [
+                "agent", "--mode", "kubelet", "--node-name", node.name,
+                "--registry-dir", str(node.base / "reg"), "--state-dir", str(node.base / "agent"),
+                "--kubeconfig", str(self.kubeconfig), "--restart-grace", "3",
+            ])  # fmt: skip
+        deadline = time.monotonic() + timeout
+        for node in self.nodes:
+            for kind, proc in (("driver", node.driver), ("agent", node.agent)):
+                log = node.base / f"{kind}.log"
+                while not _ready(log):
+                    if proc is None or proc.returncode is not None or time.monotonic() > deadline:
+                        output = log.read_text(errors="replace")
+                        raise RuntimeError(f"{kind} of {node.name} did not start:\n{output}")
+                    await asyncio.sleep(0.05)
+        while len(await self.slices()) < len(self.nodes):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the drivers did not publish their ResourceSlices")
+            await asyncio.sleep(0.05)
+
+    async def slices(self) -> list[ResourceSlice]:
+        assert self.client is not None
+        return [s async for s in self.client.list(ResourceSlice)]
+
+    async def _spawn(
+        self, node: NodeProcesses, kind: str, args: list[str]
+    ) -> asyncio.subprocess.Process:
+        log = open(node.base / f"{kind}.log", "wb")  # noqa: SIM115, ASYNC230 - closed in stop()
+        self._logs.append(log)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "drahealth", *args, stdout=log, stderr=log, env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+
+    async def inject(self, node: NodeProcesses, *args: str) -> None:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "drahealth", "inject", "--state-dir", node.driver_state, *args,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        out, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise RuntimeError(f"drahealth inject {' '.join(args)} failed: {out.decode()}")
+
+    def node(self, name: str) -> NodeProcesses:
+        return next(n for n in self.nodes if n.name == name)
+
+    async def stop(self) -> None:
+        procs = [p for n in self.nodes for p in (n.agent, n.driver) if p is not None]
+        for proc in procs:
+            if proc.returncode is None:
+                proc.terminate()
+        for proc in procs:
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._standins is not None:
+            await self._standins.stop()
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                await self.client.close()
+        await self.server.stop()
+        for log in self._logs:
+            log.close()
