@@ -21,9 +21,13 @@ COMMANDS: dict[str, str] = {
     "controller": "drahealth.remedy.cli:controller_command",
     "demo": "drahealth.cli.demo:demo_command",
     "driver": "drahealth.driver.cli:driver_command",
+    "history": "drahealth.cli.views:history_command",
     "inject": "drahealth.driver.inject_cli:inject_command",
+    "pods": "drahealth.cli.views:pods_command",
+    "status": "drahealth.cli.views:status_command",
     "taint": "drahealth.remedy.taint_cli:taint_command",
     "untaint": "drahealth.remedy.taint_cli:untaint_command",
+    "watch": "drahealth.cli.views:watch_command",
 }
 
 

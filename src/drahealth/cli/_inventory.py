@@ -1,0 +1,180 @@
+"""The rows behind ``drahealth status`` and ``drahealth pods``: pure functions over API objects.
+
+Owns :func:`device_rows` (every device that is not Healthy or carries a taint, with its
+node, health, message, age, taints and the pods using it) and :func:`pod_rows` (per pod,
+its devices and their health). Inputs are API objects as dicts: the agents'
+device-health ConfigMaps, pods, ResourceClaims, ResourceSlices and DeviceTaintRules.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable
+from typing import Any
+
+from drahealth.core import DeviceKey
+from drahealth.remedy._view import (
+    claims_by_name,
+    consumers,
+    observations,
+    pod_claim_names,
+)
+
+__all__ = ["device_rows", "pod_rows"]
+
+JSON = dict[str, Any]
+
+
+def _age(since: float | None, now: float) -> str:
+    if since is None:
+        return ""
+    seconds = max(0, int(now - since))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _timestamp(value: Any) -> float | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _taints(rules: Iterable[JSON], slices: Iterable[JSON]) -> dict[DeviceKey, list[JSON]]:
+    out: dict[DeviceKey, list[JSON]] = {}
+    for rule in rules:
+        spec = rule.get("spec") or {}
+        sel, taint = spec.get("deviceSelector") or {}, spec.get("taint") or {}
+        if not (sel.get("driver") and sel.get("pool") and sel.get("device")):
+            continue  # a rule for many devices is listed by `kubectl get devicetaintrules`
+        key = DeviceKey(sel["driver"], sel["pool"], sel["device"])
+        out.setdefault(key, []).append(
+            {
+                "source": f"devicetaintrule/{(rule.get('metadata') or {}).get('name')}",
+                "key": taint.get("key", ""),
+                "value": taint.get("value", ""),
+                "effect": taint.get("effect", ""),
+                "since": taint.get("timeAdded", ""),
+            }
+        )
+    for s in slices:
+        spec = s.get("spec") or {}
+        pool = (spec.get("pool") or {}).get("name", "")
+        for d in spec.get("devices") or []:
+            for taint in d.get("taints") or []:
+                key = DeviceKey(spec.get("driver", ""), pool, d.get("name", ""))
+                out.setdefault(key, []).append(
+                    {
+                        "source": f"resourceslice/{(s.get('metadata') or {}).get('name')}",
+                        "key": taint.get("key", ""),
+                        "value": taint.get("value", ""),
+                        "effect": taint.get("effect", ""),
+                        "since": taint.get("timeAdded", ""),
+                    }
+                )
+    return out
+
+
+def device_rows(
+    configmaps: list[JSON],
+    pods: list[JSON],
+    claims: list[JSON],
+    slices: list[JSON],
+    rules: list[JSON],
+    now: float,
+) -> list[JSON]:
+    """Devices that are not Healthy or are tainted, sorted by node and device."""
+    seen = observations(configmaps, pods, claims)
+    taints = _taints(rules, slices)
+    users = consumers(pods, claims)
+    nodes = {
+        DeviceKey(
+            (s.get("spec") or {}).get("driver", ""),
+            ((s.get("spec") or {}).get("pool") or {}).get("name", ""),
+            d.get("name", ""),
+        ): (s.get("spec") or {}).get("nodeName", "")
+        for s in slices
+        for d in (s.get("spec") or {}).get("devices") or []
+    }
+    rows = []
+    for key in sorted(set(seen) | set(taints)):
+        obs = seen.get(key)
+        health = obs.health.value if obs else "Unknown"
+        if health == "Healthy" and key not in taints:
+            continue
+        rows.append(
+            {
+                "node": (obs.node if obs and obs.node else "") or nodes.get(key, ""),
+                "device": str(key),
+                "health": health,
+                "message": obs.message if obs else "",
+                "since": obs.since if obs else None,
+                "age": _age(obs.since if obs else None, now),
+                "source": obs.source if obs else "",
+                "taints": [
+                    {**t, "age": _age(_timestamp(t["since"]), now)} for t in taints.get(key, [])
+                ],
+                "consumers": [
+                    {"namespace": c.namespace, "pod": c.name, "node": c.node, "claim": c.claim}
+                    for c in sorted(users.get(key, []))
+                ],
+            }
+        )
+    return sorted(rows, key=lambda r: (r["node"], r["device"]))
+
+
+def _match(ids: dict[str, tuple[str, str]], result: JSON, only: bool) -> tuple[str, str]:
+    """The pod-status health of one allocated device (see remedy._view for the rules)."""
+    exact = ids.get(f"{result.get('driver')}/{result.get('pool')}/{result.get('device')}")
+    if exact is not None:
+        return exact
+    if only and len(ids) == 1:
+        return next(iter(ids.values()))
+    ends = [v for rid, v in ids.items() if rid.endswith("-" + str(result.get("device")))]
+    return ends[0] if len(ends) == 1 else ("", "")
+
+
+def pod_rows(pods: list[JSON], claims: list[JSON]) -> list[JSON]:
+    """One row per (pod, device): the claim, the device and its health in the pod status."""
+    by_name = claims_by_name(claims)
+    rows = []
+    for pod in pods:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        namespace = str(meta.get("namespace") or "default")
+        health: dict[str, dict[str, tuple[str, str]]] = {}  # claim ref -> resourceID -> health
+        statuses = [
+            *(status.get("initContainerStatuses") or []),
+            *(status.get("containerStatuses") or []),
+        ]
+        for cs in statuses:
+            for entry in cs.get("allocatedResourcesStatus") or []:
+                ref = str(entry.get("name", "")).removeprefix("claim:").partition("/")[0]
+                for res in entry.get("resources") or []:
+                    health.setdefault(ref, {})[str(res.get("resourceID"))] = (
+                        str(res.get("health") or ""),
+                        str(res.get("message") or ""),
+                    )
+        for ref, claim_name in sorted(pod_claim_names(pod).items()):
+            claim = by_name.get((namespace, claim_name)) or {}
+            allocation = (claim.get("status") or {}).get("allocation") or {}
+            results = (allocation.get("devices") or {}).get("results") or []
+            for r in results:
+                found = _match(health.get(ref, {}), r, len(results) == 1)
+                rows.append(
+                    {
+                        "namespace": namespace,
+                        "pod": str(meta.get("name")),
+                        "node": str((pod.get("spec") or {}).get("nodeName") or ""),
+                        "phase": str(status.get("phase") or ""),
+                        "claim": claim_name,
+                        "request": str(r.get("request") or ""),
+                        "device": f"{r.get('driver')}/{r.get('pool')}/{r.get('device')}",
+                        "health": found[0] or "-",
+                        "message": found[1],
+                    }
+                )
+    return sorted(rows, key=lambda r: (r["namespace"], r["pod"], r["device"]))
