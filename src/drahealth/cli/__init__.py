@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "agent": "drahealth.node.cli:agent_command",
     "apiserver": "drahealth.controlplane.cli:apiserver_command",
     "controller": "drahealth.remedy.cli:controller_command",
+    "dashboard": "drahealth.web.cli:dashboard_command",
     "demo": "drahealth.cli.demo:demo_command",
     "driver": "drahealth.driver.cli:driver_command",
     "history": "drahealth.cli.views:history_command",

@@ -20,7 +20,7 @@ from drahealth.remedy._view import (
     pod_claim_names,
 )
 
-__all__ = ["device_rows", "pod_rows"]
+__all__ = ["device_rows", "device_taints", "pod_rows"]
 
 JSON = dict[str, Any]
 
@@ -44,7 +44,7 @@ def _timestamp(value: Any) -> float | None:
         return None
 
 
-def _taints(rules: Iterable[JSON], slices: Iterable[JSON]) -> dict[DeviceKey, list[JSON]]:
+def device_taints(rules: Iterable[JSON], slices: Iterable[JSON]) -> dict[DeviceKey, list[JSON]]:
     out: dict[DeviceKey, list[JSON]] = {}
     for rule in rules:
         spec = rule.get("spec") or {}
@@ -89,7 +89,7 @@ def device_rows(
 ) -> list[JSON]:
     """Devices that are not Healthy or are tainted, sorted by node and device."""
     seen = observations(configmaps, pods, claims)
-    taints = _taints(rules, slices)
+    taints = device_taints(rules, slices)
     users = consumers(pods, claims)
     nodes = {
         DeviceKey(

@@ -273,12 +273,20 @@ async def story(cluster: LocalCluster, timeline: Timeline) -> None:
 
 
 async def run_demo(
-    port: int, kubeconfig_out: Path | None, script: bool, nodes: int, keep: bool
+    port: int,
+    kubeconfig_out: Path | None,
+    script: bool,
+    nodes: int,
+    keep: bool,
+    dashboard_port: int = 0,
 ) -> int:
+    from drahealth.web import Dashboard
+
     workdir = Path(tempfile.mkdtemp(prefix="drahealth-demo-"))
     policy = parse_policy(POLICY, "demo policy")
     cluster = LocalCluster(workdir, policy, nodes=nodes, port=port)
     timeline = Timeline()
+    dashboard: Dashboard | None = None
     try:
         t0 = time.monotonic()
         await cluster.start()
@@ -295,6 +303,9 @@ async def run_demo(
         if kubeconfig_out is not None:
             shutil.copyfile(kubeconfig, kubeconfig_out)
             kubeconfig = kubeconfig_out
+        assert cluster.client is not None
+        dashboard = Dashboard(cluster.client)
+        console.print(f"dashboard: {await dashboard.start(port=dashboard_port)}")
         console.print(f"embedded API server: {cluster.server.url}")
         console.print(
             f"kubeconfig: {kubeconfig}   (try: kubectl --kubeconfig {kubeconfig} get pods -w)"
@@ -322,6 +333,8 @@ async def run_demo(
         keep = True
         return 1
     finally:
+        if dashboard is not None:
+            await dashboard.stop()
         await cluster.stop()
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -350,8 +363,18 @@ async def run_demo(
     "--nodes", type=click.IntRange(1, 8), default=2, show_default=True, help="Simulated nodes."
 )
 @click.option("--keep", is_flag=True, help="Keep the work directory (logs, state) at the end.")
+@click.option(
+    "--dashboard-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="Dashboard port (0 = any free port).",
+)
 def demo_command(
-    port: int, kubeconfig_out: Path | None, script: bool, nodes: int, keep: bool
-) -> None:
+    port: int, kubeconfig_out: Path | None, script: bool, nodes: int, keep: bool,
+    dashboard_port: int,
+) -> None:  # fmt: skip
     """Run the whole device-health loop on one machine and narrate it."""
-    raise SystemExit(asyncio.run(run_demo(port, kubeconfig_out, script, nodes, keep)))
+    raise SystemExit(
+        asyncio.run(run_demo(port, kubeconfig_out, script, nodes, keep, dashboard_port))
+    )

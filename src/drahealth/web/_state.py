@@ -1,0 +1,71 @@
+"""The dashboard's picture of the cluster: nodes x devices, built from API objects.
+
+Owns :func:`snapshot`: every device of every ResourceSlice, grouped by node, with its
+health and message (the agents' device-health records, then pod status), its taints
+(DeviceTaintRules and slice taints) and the pods using it. Pure; the server calls it on
+every change and pushes the result when it differs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drahealth.cli._inventory import device_taints
+from drahealth.core import DeviceKey
+from drahealth.remedy._view import consumers, observations
+
+__all__ = ["snapshot"]
+
+JSON = dict[str, Any]
+
+
+def snapshot(
+    configmaps: list[JSON],
+    pods: list[JSON],
+    claims: list[JSON],
+    slices: list[JSON],
+    rules: list[JSON],
+) -> JSON:
+    seen = observations(configmaps, pods, claims)
+    taints = device_taints(rules, slices)
+    users = consumers(pods, claims)
+    nodes: dict[str, list[JSON]] = {}
+    known: set[DeviceKey] = set()
+    for s in slices:
+        spec = s.get("spec") or {}
+        driver, pool = spec.get("driver", ""), (spec.get("pool") or {}).get("name", "")
+        for d in spec.get("devices") or []:
+            key = DeviceKey(driver, pool, d.get("name", ""))
+            known.add(key)
+            nodes.setdefault(spec.get("nodeName") or "(no node)", []).append(
+                _device(key, seen, taints, users)
+            )
+    for key, obs in seen.items():  # reported by an agent but not (yet) in a slice
+        if key not in known:
+            nodes.setdefault(obs.node or "(no node)", []).append(_device(key, seen, taints, users))
+    return {
+        "nodes": [
+            {
+                "name": name,
+                "devices": sorted(devs, key=lambda d: (d["driver"], d["pool"], d["device"])),
+            }
+            for name, devs in sorted(nodes.items())
+        ]
+    }
+
+
+def _device(
+    key: DeviceKey, seen: dict[DeviceKey, Any], taints: dict[DeviceKey, list[JSON]], users: Any
+) -> JSON:
+    obs = seen.get(key)
+    return {
+        "key": str(key),
+        "driver": key.driver,
+        "pool": key.pool,
+        "device": key.device,
+        "health": obs.health.value if obs else "Unknown",
+        "message": obs.message if obs else "",
+        "since": obs.since if obs else None,
+        "taints": taints.get(key, []),
+        "pods": [f"{c.namespace}/{c.name}" for c in sorted(users.get(key, []))],
+    }
