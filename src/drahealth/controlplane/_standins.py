@@ -66,6 +66,7 @@ class TaintEvictionStandIn:
             client, DeviceTaintRule, name="taint-evict-rules"
         )
         self.deleted = 0
+        self.evicted_by_rule: dict[str, int] = {}
 
     async def run(self) -> None:
         await reconcile_loop(
@@ -89,9 +90,38 @@ class TaintEvictionStandIn:
         for pod in [as_dict(p) for p in self.pods.store.list()]:
             if not _live(pod):
                 continue
-            why = self._eviction_reason(pod, devices, from_rules, added, now)
-            if why:
-                await self._evict(pod, why)
+            found = self._eviction_reason(pod, devices, from_rules, added, now)
+            if found is not None and await self._evict(pod, found[0]):
+                for r in rules:
+                    if _from_rule(r, found[1], found[2]):
+                        name = r["metadata"]["name"]
+                        self.evicted_by_rule[name] = self.evicted_by_rule.get(name, 0) + 1
+        await self._rule_status(rules)
+
+    async def _rule_status(self, rules: list[JSON]) -> None:
+        """``EvictionInProgress`` on NoExecute rules: False with how many pods were evicted."""
+        for r in rules:
+            taint = (r.get("spec") or {}).get("taint") or {}
+            name = r["metadata"]["name"]
+            if taint.get("effect") != "NoExecute":
+                continue
+            message = f"{self.evicted_by_rule.get(name, 0)} pod(s) evicted"
+            conditions = (r.get("status") or {}).get("conditions") or []
+            if any(c.get("type") == "EvictionInProgress" and c.get("message") == message
+                   for c in conditions):  # fmt: skip
+                continue
+            condition = {
+                "type": "EvictionInProgress", "status": "False", "reason": "Completed",
+                "message": message,
+                "lastTransitionTime": datetime.datetime.now(datetime.UTC).strftime(
+                    "%Y-%m-%dT%H:%M:%SZ"
+                ),
+            }  # fmt: skip
+            with contextlib.suppress(ApiError):
+                await self.client.patch(
+                    DeviceTaintRule.Status, name, {"status": {"conditions": [condition]}},
+                    patch_type=PatchType.MERGE,
+                )  # fmt: skip
 
     def _eviction_reason(
         self,
@@ -100,7 +130,8 @@ class TaintEvictionStandIn:
         from_rules: Any,
         added: dict[tuple[str, Any], Any],
         now: datetime.datetime,
-    ) -> str:
+    ) -> tuple[str, tuple[str, str, str], Taint] | None:
+        """(why, device, taint) of the first taint that evicts ``pod``, or None."""
         meta = pod["metadata"]
         names = {
             s.get("name"): s.get("resourceClaimName")
@@ -124,16 +155,17 @@ class TaintEvictionStandIn:
                 tolerations = _tolerations(c, str(r.get("request", "")))
                 for t in taints:
                     if not tolerated(t, tolerations):
-                        return f"device {'/'.join(key)} has the NoExecute taint {t.key}={t.value}"
+                        why = f"device {'/'.join(key)} has the NoExecute taint {t.key}={t.value}"
+                        return why, key, t
                     seconds = _toleration_seconds(t, tolerations)
                     since = added.get((t.key, t.effect))
                     if seconds is not None and since:
                         start = datetime.datetime.fromisoformat(str(since).replace("Z", "+00:00"))
                         if now >= start + datetime.timedelta(seconds=max(0, seconds)):
-                            return f"device {'/'.join(key)}: toleration of {t.key} expired"
-        return ""
+                            return f"device {'/'.join(key)}: toleration of {t.key} expired", key, t
+        return None
 
-    async def _evict(self, pod: JSON, why: str) -> None:
+    async def _evict(self, pod: JSON, why: str) -> bool:
         meta = pod["metadata"]
         condition = {
             "type": "DisruptionTarget",
@@ -155,9 +187,20 @@ class TaintEvictionStandIn:
         except ApiError as exc:
             if exc.status.code != 404:
                 raise
-            return
+            return False
         self.deleted += 1
         log.info("deleted pod %s/%s: %s", meta["namespace"], meta["name"], why)
+        return True
+
+
+def _from_rule(rule: JSON, device: tuple[str, str, str], taint: Taint) -> bool:
+    """Whether ``rule`` selects ``device`` and carries ``taint``."""
+    spec = rule.get("spec") or {}
+    sel, own = spec.get("deviceSelector"), spec.get("taint") or {}
+    if sel is None or (own.get("key"), own.get("effect")) != (taint.key, taint.effect):
+        return False
+    fields = zip(("driver", "pool", "device"), device, strict=True)
+    return all(sel.get(f) in (None, "", v) for f, v in fields)
 
 
 def _tolerations(claim: JSON, request: str) -> list[Any]:

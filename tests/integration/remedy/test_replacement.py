@@ -21,6 +21,7 @@ from lightkube.resources.apps_v1 import ReplicaSet
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import (
     DeviceClass,
+    DeviceTaintRule,
     ResourceClaim,
     ResourceClaimTemplate,
     ResourceSlice,
@@ -168,5 +169,15 @@ async def test_noexecute_replaces_the_pod_on_a_healthy_device(client: AsyncClien
         print(f"Unhealthy -> replacement bound: {(time.monotonic() - t0) * 1000:.0f} ms")
         assert new_device != device and (new_node, new_device) == ("node-1", "node-1/gpu-1")
         assert standins.taint_eviction.deleted == 1 and standins.replicasets.created == 2
+
+        async def reported() -> Any:
+            for rule in [r async for r in client.list(DeviceTaintRule)]:
+                for c in (rule.status.conditions or []) if rule.status else []:
+                    if c.type == "EvictionInProgress" and c.message == "1 pod(s) evicted":
+                        return c
+            return None
+
+        condition = await wait(reported, 5, "EvictionInProgress on the rule")
+        assert condition.status == "False" and condition.reason == "Completed"
         with pytest.raises(ApiError, match="not found"):  # the evicted pod is gone
             await client.get(Pod, pod, namespace="default")
