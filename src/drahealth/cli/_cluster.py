@@ -24,6 +24,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceSlice
 
+from drahealth._aio import cancel_and_wait
 from drahealth.controlplane import APIServer
 from drahealth.core._policy import Policy
 from drahealth.kube import make_client
@@ -160,11 +161,7 @@ class LocalCluster:
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         if self._standins is not None:
             await self._standins.stop()
         if self.client is not None:

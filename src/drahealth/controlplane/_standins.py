@@ -30,6 +30,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
+from drahealth._aio import cancel_and_wait
 from drahealth.controlplane._allocate import Device, Taint, devices_from_slices, tolerated
 from drahealth.controlplane._loop import as_dict, reconcile_loop
 from drahealth.controlplane._scheduler import SchedulerStandIn, rule_taints
@@ -299,9 +300,5 @@ class StandIns:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks = []

@@ -28,6 +28,7 @@ from lightkube.models.resource_v1 import DeviceTaint
 from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceSlice
 
+from drahealth._aio import cancel_and_wait
 from drahealth.driver._slices import (
     DriverResources,
     PoolPlan,
@@ -243,10 +244,7 @@ class ResourceSlicePublisher:
         """Stop the worker and the watch; slices stay as they are. Idempotent."""
         self._stopped = True
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait([task])
         reflector, self._reflector = self._reflector, None
         if reflector is not None:
             await reflector.stop()

@@ -21,7 +21,6 @@ The CLI (``cli``) only parses options and prints.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -41,6 +40,7 @@ from lightkube.models.resource_v1 import (
     DeviceCounterConsumption,
 )
 
+from drahealth._aio import cancel_and_wait
 from drahealth.core import Health
 from drahealth.driver._control import ControlServer, control_socket_path
 from drahealth.driver._hub import DeviceReport, HealthHub
@@ -468,11 +468,7 @@ class SampleDriverApp:
             await self.handle.stop()
         if self.control is not None:
             await self.control.close()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks.clear()
         if self.taints is not None:
             await self.taints.stop()

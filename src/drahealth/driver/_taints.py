@@ -23,7 +23,6 @@ May not touch: the API server (the publisher does), the hub's own state.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import hashlib
 import inspect
@@ -39,6 +38,7 @@ from typing import Any
 
 from lightkube.models.resource_v1 import DeviceTaint
 
+from drahealth._aio import cancel_and_wait
 from drahealth.core import Health
 from drahealth.driver._hub import DeviceState, HealthHub
 from drahealth.driver._slices import (
@@ -395,10 +395,7 @@ class TaintController:
             self._unsubscribe()
             self._unsubscribe = None
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait([task])
 
     async def wait_idle(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
         """Wait until no recompute is pending (for tests and orderly shutdown)."""

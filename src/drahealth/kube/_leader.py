@@ -27,6 +27,8 @@ from typing import Any, cast
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.coordination_v1 import Lease
 
+from drahealth._aio import cancel_and_wait
+
 __all__ = ["LeaderElector"]
 
 log = logging.getLogger(__name__)
@@ -35,14 +37,6 @@ log = logging.getLogger(__name__)
 def _micro_time() -> str:
     now = datetime.datetime.now(datetime.UTC)
     return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
-    for task in tasks:
-        task.cancel()
-    for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 def _lease(body: dict[str, Any]) -> Lease:
@@ -120,13 +114,13 @@ class LeaderElector:
                 tasks = [work, renew]
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                 self.is_leader = False
-                await _cancel(tasks)
+                await cancel_and_wait(tasks)
                 if work in done:
                     await self._release()
                     await asyncio.sleep(self.retry_period)
         finally:
             self.is_leader = False
-            await asyncio.shield(_cancel(tasks))  # the work stops before the lease is freed
+            await asyncio.shield(cancel_and_wait(tasks))  # the work stops before the lease is freed
             if self.leader == self.identity:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._release())

@@ -26,7 +26,6 @@ check ``status.reservedFor``. Knows nothing of plugin sockets (the registry does
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import logging
 import time
@@ -37,6 +36,7 @@ from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 
+from drahealth._aio import cancel_and_wait
 from drahealth.core._records import ClaimInfo, HealthChange, PreparedDeviceInfo
 from drahealth.core._status import StatusBuilder, resolve_claim_name
 from drahealth.kube import Backoff, Reflector, patch_status
@@ -133,11 +133,7 @@ class KubeletMode:
         self._mark_all()
 
     async def stop(self) -> None:
-        for task in [*self._tasks, *self._pod_tasks]:
-            task.cancel()
-        for task in [*self._tasks, *self._pod_tasks]:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait([*self._tasks, *self._pod_tasks])
         self._tasks = []
         await self.pods.stop()
         await self.events.drain()

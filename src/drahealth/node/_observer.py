@@ -27,6 +27,7 @@ import grpc
 from lightkube import AsyncClient
 
 from drahealth import api
+from drahealth._aio import cancel_and_wait
 from drahealth.core import DeviceKey
 from drahealth.core._records import HealthChange
 from drahealth.kube import write_configmap_data
@@ -129,11 +130,7 @@ class ObserverMode:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         self._tasks = []
         if self._dirty.is_set():
             with contextlib.suppress(Exception):

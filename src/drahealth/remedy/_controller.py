@@ -42,6 +42,7 @@ from lightkube.resources.core_v1 import ConfigMap, Event, Pod
 from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
+from drahealth._aio import cancel_and_wait
 from drahealth.core import DeviceKey, Health
 from drahealth.core._policy import DeviceFacts, Policy, Validate
 from drahealth.core._remedy_engine import RemedyEngine, Want
@@ -149,11 +150,7 @@ class RemediationController:
                 await self.reconcile()
                 await self._sleep()
         finally:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_and_wait(tasks)
             for r in reflectors:
                 r.remove_handler(self._changed)
                 await r.stop()

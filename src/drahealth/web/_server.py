@@ -11,7 +11,6 @@ and ``/healthz``. Reflectors on the kinds the snapshot reads keep it current.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from importlib import resources
@@ -22,6 +21,7 @@ from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import ConfigMap, Event, Pod
 from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim, ResourceSlice
 
+from drahealth._aio import cancel_and_wait
 from drahealth.kube import Reflector
 from drahealth.web._state import snapshot
 
@@ -84,11 +84,7 @@ class Dashboard:
         return self.url
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         for q in list(self._subscribers):
             q.put_nowait("")  # wake streams so they end
         if self._runner is not None:
