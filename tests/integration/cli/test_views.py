@@ -31,7 +31,6 @@ __all__ = ["client", "server"]
 
 BIN = Path(sys.executable).with_name("drahealth")
 D, NODE = "gpu.example.com", "node-1"
-NOW = time.time()
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -41,6 +40,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 async def scenario(client: AsyncClient) -> None:
+    now = time.time()
     await client.create(Namespace.from_dict({"metadata": {"name": "ml"}}))
     await client.create(
         ResourceSlice.from_dict(
@@ -62,7 +62,7 @@ async def scenario(client: AsyncClient) -> None:
             "device": "gpu-0",
             "health": "Healthy",
             "message": "",
-            "since": NOW - 600,
+            "since": now - 600,
         },
         {
             "driver": D,
@@ -70,7 +70,7 @@ async def scenario(client: AsyncClient) -> None:
             "device": "gpu-1",
             "health": "Unhealthy",
             "message": "XID 79",
-            "since": NOW - 125,
+            "since": now - 125,
         },
         {
             "driver": D,
@@ -78,7 +78,7 @@ async def scenario(client: AsyncClient) -> None:
             "device": "gpu-2",
             "health": "Unknown",
             "message": "",
-            "since": NOW - 30,
+            "since": now - 90,
         },
         {
             "driver": D,
@@ -86,7 +86,7 @@ async def scenario(client: AsyncClient) -> None:
             "device": "gpu-3",
             "health": "Healthy",
             "message": "",
-            "since": NOW - 7200,
+            "since": now - 7200,
         },
     ]
     await client.create(
@@ -191,7 +191,7 @@ async def test_status_json_lists_bad_and_tainted_devices_and_exits_3(kubeconfig:
     ]
     assert brief == [
         (f"{D}/{NODE}/gpu-1", "Unhealthy", "XID 79", "2m", ["train"]),
-        (f"{D}/{NODE}/gpu-2", "Unknown", "", "30s", []),
+        (f"{D}/{NODE}/gpu-2", "Unknown", "", "1m", []),
         (f"{D}/{NODE}/gpu-3", "Healthy", "", "2h", []),
     ]
     (taint,) = rows[2]["taints"]

@@ -171,7 +171,12 @@ async def test_observer_publishes_events_and_post_mortem_records(
 
         events = await eventually(unhealthy_event, 3.0, "a DeviceUnhealthy event")
         assert f"device {DRIVER}/{NODE}/gpu-0 is Unhealthy: XID 79" == events[0].message
-        rows = await eventually(lambda: records(kube, "default.trainer"), 3.0, "a record")
+
+        async def unhealthy_record() -> list[dict[str, Any]]:
+            rows = await records(kube, "default.trainer")
+            return rows if rows and rows[-1]["health"] == "Unhealthy" else []
+
+        rows = await eventually(unhealthy_record, 3.0, "the Unhealthy record")
         assert rows[-1]["health"] == "Unhealthy" and rows[-1]["message"] == "XID 79"
         assert rows[-1]["claim"] == "trainer-gpu" and rows[-1]["podEnded"] is False
 
