@@ -9,13 +9,17 @@ recent device-health transitions as JSON. It never writes ``allocatedResourcesSt
 
 Pods that leave the PodResources list (they ended) are kept in a bounded tombstone
 map, so a device report that arrives after a pod terminated is still recorded in its
-post-mortem record (upstream loses it).
+post-mortem record (upstream loses it). PodResources names pods but carries no UID, so
+the UID of each pod that uses a device is looked up in the API once: Events without
+it do not show in ``kubectl describe pod``. The post-mortem ConfigMap is read back at
+start (an agent restart keeps each pod's history) and bounded in pods and bytes; keys
+of pods evicted from it are deleted. An unreachable PodResources socket is logged
+once per distinct error, and again when ``List`` works again; it never stops the agent.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import json
 import logging
@@ -25,12 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 from lightkube import AsyncClient
+from lightkube.resources.core_v1 import ConfigMap, Pod
+from lightkube.types import PatchType
 
 from drahealth import api
 from drahealth._aio import cancel_and_wait
 from drahealth.core import DeviceKey
 from drahealth.core._records import HealthChange
-from drahealth.kube import write_configmap_data
+from drahealth.kube import is_not_found, write_configmap_data
 from drahealth.node._events import (
     EventRecorder,
 )
@@ -43,9 +49,14 @@ __all__ = ["ObserverMode", "PodDeviceMap", "PodRef", "configmap_name"]
 
 log = logging.getLogger(__name__)
 
-#: Transitions kept per pod, and pods kept per node, in the post-mortem ConfigMap.
+#: Transitions kept per pod, pods kept per node, and the bytes all pods' records may
+#: take, in the post-mortem ConfigMap (a ConfigMap holds at most 1 MiB).
 RECORDS_PER_POD = 20
 PODS_PER_NODE = 500
+RECORD_BYTES = 768 * 1024
+
+#: Seconds one PodResources ``List`` or one pod UID lookup may take.
+CALL_TIMEOUT = 5.0
 
 
 def configmap_name(node: str) -> str:
@@ -59,9 +70,15 @@ class PodRef:
 
 
 class PodDeviceMap:
-    """Device -> pods, rebuilt from each PodResources ``List`` answer, with tombstones."""
+    """Device -> pods, rebuilt from each PodResources ``List`` answer, with tombstones.
+
+    Entries that name no pod, or a claim device without driver, pool or device name,
+    are skipped: they cannot be matched to a health report.
+    """
 
     def __init__(self, max_tombstones: int = 1024) -> None:
+        if max_tombstones < 0:
+            raise ValueError(f"max_tombstones must be >= 0, not {max_tombstones}")
         self.max_tombstones = max_tombstones
         self.live: dict[PodRef, dict[DeviceKey, str]] = {}  # pod -> device -> claim
         self.tombstones: OrderedDict[PodRef, dict[DeviceKey, str]] = OrderedDict()
@@ -112,7 +129,11 @@ class ObserverMode:
         self.pipeline = pipeline
         self.events = events
         self.map = PodDeviceMap()
-        self.records: dict[str, list[dict[str, Any]]] = {}
+        #: pod key -> its transitions, least recently changed pod first
+        self.records: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
+        #: UIDs of pods that use devices (live or ended), from the API
+        self.uids: dict[PodRef, str] = {}
+        self._evicted: set[str] = set()
         self._dirty = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._channel: grpc.aio.Channel | None = None
@@ -121,6 +142,7 @@ class ObserverMode:
         self.last_error: str | None = None
 
     async def start(self) -> None:
+        await self._load_records()
         self._channel = grpc.aio.insecure_channel(f"unix:{self.config.podresources_socket}")
         self.pipeline.add_listener(self._on_changes)
         await self.refresh()
@@ -133,8 +155,10 @@ class ObserverMode:
         await cancel_and_wait(self._tasks)
         self._tasks = []
         if self._dirty.is_set():
-            with contextlib.suppress(Exception):
+            try:
                 await self._flush()
+            except Exception as exc:
+                log.warning("writing post-mortem records at exit failed: %s", exc)
         if self._channel is not None:
             await self._channel.close()
             self._channel = None
@@ -145,20 +169,58 @@ class ObserverMode:
         assert self._channel is not None
         stub = api.podresources_v1_grpc.PodResourcesListerStub(self._channel)
         try:
-            resp = await stub.List(api.podresources_v1.ListPodResourcesRequest(), timeout=5)
+            resp = await stub.List(
+                api.podresources_v1.ListPodResourcesRequest(), timeout=CALL_TIMEOUT
+            )
         except grpc.aio.AioRpcError as exc:
             self.list_errors += 1
-            self.last_error = f"PodResources List failed: {exc.code().name}: {exc.details()}"
-            log.warning("%s", self.last_error)
+            error = (
+                f"PodResources List failed: {exc.code().name}: {exc.details()} "
+                f"(socket {self.config.podresources_socket})"
+            )
+            if error != self.last_error:
+                log.warning("%s; retrying every %gs", error, self.config.podresources_interval)
+            self.last_error = error
             return
+        if self.last_error is not None:
+            log.info("PodResources List works again after %d failures", self.list_errors)
         self.lists += 1
+        self.list_errors = 0
         self.last_error = None
         self.map.replace(resp)
+        await self._resolve_uids()
+
+    async def _resolve_uids(self) -> None:
+        """Look up the UID of each live pod that uses a device and has none known yet."""
+        users = {ref for ref, devs in self.map.live.items() if devs}
+        for ref in list(self.uids):
+            if ref not in users and ref not in self.map.tombstones:
+                del self.uids[ref]
+        if self.client is None:
+            return
+        for ref in sorted(users - self.uids.keys()):
+            try:
+                obj = await asyncio.wait_for(
+                    self.client.get(Pod, ref.name, namespace=ref.namespace), CALL_TIMEOUT
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # retried at the next List
+                log.debug("looking up pod %s/%s failed: %s", ref.namespace, ref.name, exc)
+                continue
+            uid = obj.metadata.uid if obj.metadata is not None else None
+            if uid:
+                self.uids[ref] = uid
 
     async def _poll_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.podresources_interval)
-            await self.refresh()
+            try:
+                await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("PodResources refresh failed")
 
     def _on_changes(self, changes: list[HealthChange]) -> None:
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -176,15 +238,61 @@ class ObserverMode:
                     "podEnded": ended,
                 }
                 key = f"{ref.namespace}.{ref.name}"
-                rows = self.records.setdefault(key, [])
+                rows = self.records.pop(key, [])
+                self.records[key] = rows  # now the most recently changed
                 rows.append(record)
                 del rows[:-RECORDS_PER_POD]
+                self._evicted.discard(key)
                 self._dirty.set()
                 if change.old is not change.new:
-                    pod = {"metadata": {"name": ref.name, "namespace": ref.namespace}}
-                    self.events.device_health(pod, change)
-        while len(self.records) > PODS_PER_NODE:
-            self.records.pop(next(iter(self.records)))
+                    meta = {"name": ref.name, "namespace": ref.namespace}
+                    if ref in self.uids:
+                        meta["uid"] = self.uids[ref]
+                    self.events.device_health({"metadata": meta}, change)
+
+    def _encoded(self) -> dict[str, str]:
+        """The ConfigMap data, after evicting the least recently changed pods past the bounds."""
+        data = {k: json.dumps(v, ensure_ascii=False) for k, v in self.records.items()}
+        size = sum(len(k) + len(v.encode()) for k, v in data.items())
+        for key in list(self.records):
+            if len(data) <= PODS_PER_NODE and size <= RECORD_BYTES:
+                break
+            del self.records[key]
+            size -= len(key) + len(data.pop(key).encode())
+            self._evicted.add(key)
+        return dict(sorted(data.items()))
+
+    async def _load_records(self) -> None:
+        """Seed :attr:`records` from the ConfigMap a previous run wrote."""
+        if self.client is None:
+            return
+        name = configmap_name(self.config.node_name)
+        ns = self.config.postmortem_namespace
+        try:
+            cm = await self.client.get(ConfigMap, name, namespace=ns)
+        except Exception as exc:
+            if not is_not_found(exc):
+                log.warning("reading post-mortem records %s/%s failed: %s", ns, name, exc)
+            return
+        loaded: list[tuple[str, list[dict[str, Any]]]] = []
+        for key, text in (cm.data or {}).items():
+            try:
+                rows = json.loads(text)
+            except ValueError:
+                rows = None
+            if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+                log.warning(
+                    "post-mortem record %r in %s/%s is not a JSON list of objects; "
+                    "it is replaced at the pod's next transition",
+                    key,
+                    ns,
+                    name,
+                )
+                continue
+            loaded.append((key, rows[-RECORDS_PER_POD:]))
+        loaded.sort(key=lambda kv: str(kv[1][-1].get("time", "")) if kv[1] else "")
+        for key, rows in loaded:
+            self.records[key] = rows
 
     async def _flush_loop(self) -> None:
         while True:
@@ -196,6 +304,7 @@ class ObserverMode:
                 raise
             except Exception as exc:
                 log.warning("writing post-mortem records failed: %s", exc)
+                self._dirty.set()  # keep them for the next try
                 await asyncio.sleep(1.0)
 
     async def _flush(self) -> None:
@@ -204,6 +313,11 @@ class ObserverMode:
             return
         name = configmap_name(self.config.node_name)
         ns = self.config.postmortem_namespace
-        data = {k: json.dumps(v, ensure_ascii=False) for k, v in sorted(self.records.items())}
+        data = self._encoded()
+        evicted = sorted(self._evicted)
         labels = {"app.kubernetes.io/managed-by": "drahealth-agent"}
         await write_configmap_data(self.client, name, ns, data, labels)
+        if evicted:
+            gone: dict[str, Any] = {"data": dict.fromkeys(evicted)}  # null deletes the key
+            await self.client.patch(ConfigMap, name, gone, namespace=ns, patch_type=PatchType.MERGE)
+            self._evicted.difference_update(evicted)

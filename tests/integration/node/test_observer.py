@@ -16,11 +16,17 @@ from typing import Any
 import grpc
 import pytest
 from lightkube import AsyncClient
+from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Event, Pod
 
 from drahealth import api
-from drahealth.core import DeviceKey
-from drahealth.node._observer import PodDeviceMap, PodRef, configmap_name
+from drahealth.core import DeviceKey, Health
+from drahealth.core._records import ChangeReason, HealthChange
+from drahealth.node import _observer
+from drahealth.node._agent import AgentConfig
+from drahealth.node._events import EventRecorder
+from drahealth.node._observer import ObserverMode, PodDeviceMap, PodRef, configmap_name
+from drahealth.node._pipeline import HealthPipeline
 from tests.e2e.test_agent_e2e import AgentProcess, make_pod
 from tests.integration.driver.test_sample_driver import (
     DRIVER,
@@ -92,10 +98,45 @@ def test_map_skips_incomplete_entries() -> None:
     assert set(m.tombstones) == {PodRef("ml", "half"), PodRef("default", "bare")}
 
 
+def test_map_merges_containers_and_repeated_pods() -> None:
+    m = PodDeviceMap()
+    two = pod("a", GPU0)
+    two.containers.append(
+        pb.ContainerResources(
+            name="side",
+            dynamic_resources=[
+                pb.DynamicResource(
+                    claim_name="other",
+                    claim_resources=[
+                        pb.ClaimResource(driver_name=DRIVER, pool_name=NODE, device_name="gpu-1")
+                    ],
+                )
+            ],
+        )
+    )
+    m.replace(listing(two, pod("a", (DRIVER, NODE, "gpu-2"), claim="third")))
+    assert m.live == {
+        PodRef("ml", "a"): {
+            KEY0: "gpu",
+            DeviceKey(DRIVER, NODE, "gpu-1"): "other",
+            DeviceKey(DRIVER, NODE, "gpu-2"): "third",
+        }
+    }
+
+
+def test_map_rejects_a_negative_tombstone_bound_and_allows_none() -> None:
+    with pytest.raises(ValueError, match="max_tombstones must be >= 0, not -1"):
+        PodDeviceMap(max_tombstones=-1)
+    m = PodDeviceMap(max_tombstones=0)
+    m.replace(listing(pod("a", GPU0)))
+    m.replace(listing())
+    assert m.pods_for(KEY0) == [] and not m.tombstones
+
+
 # -- the mode, end to end --------------------------------------------------------------
 
 
-class FakeKubelet(api.podresources_v1_grpc.PodResourcesListerServicer):  # type: ignore[misc]
+class FakeKubelet(api.podresources_v1_grpc.PodResourcesListerServicer):
     """Serves ``List`` with whatever :attr:`pods` holds."""
 
     def __init__(self) -> None:
@@ -105,6 +146,12 @@ class FakeKubelet(api.podresources_v1_grpc.PodResourcesListerServicer):  # type:
     async def List(self, request: Any, context: Any) -> Any:
         self.calls += 1
         return listing(*self.pods)
+
+    async def Get(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not served by the fake")
+
+    async def GetAllocatableResources(self, request: Any, context: Any) -> Any:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "not served by the fake")
 
 
 @pytest.fixture
@@ -148,15 +195,21 @@ async def records(client: AsyncClient, key: str) -> list[dict[str, Any]]:
 
 
 async def test_observer_publishes_events_and_post_mortem_records(
-    launch: Callable[..., Any],
+    processes: list[DriverProcess],
     kube: AsyncClient,
     kubeconfig: str,
     base: str,
     kubelet: tuple[FakeKubelet, str],
 ) -> None:
     fake, podres = kubelet
-    driver: DriverProcess = await launch(kubeconfig=kubeconfig, health_timeout=2)
+    # info logs show whether anyone answered the driver's registration
+    driver = DriverProcess(base, kubeconfig=kubeconfig, health_timeout=2)
+    driver.args[:0] = ["--log-level", "info"]
+    processes.append(driver)
+    await driver.start()
     await make_pod(kube, "trainer", ["gpu-0"])  # the Pod object the Events point at
+    meta = (await kube.get(Pod, "trainer", namespace="default")).metadata
+    uid = meta.uid if meta is not None else None
     fake.pods = [pod("trainer", GPU0, claim="trainer-gpu", ns="default")]
     agent = await observer(base, kubeconfig, podres)
     try:
@@ -171,6 +224,12 @@ async def test_observer_publishes_events_and_post_mortem_records(
 
         events = await eventually(unhealthy_event, 3.0, "a DeviceUnhealthy event")
         assert f"device {DRIVER}/{NODE}/gpu-0 is Unhealthy: XID 79" == events[0].message
+        # with the UID, or `kubectl describe pod` would not show it
+        assert uid and events[0].involvedObject.uid == uid
+        # the agent streams health from the plugin, yet only the kubelet answers its
+        # registration: the observer never calls NotifyRegistrationStatus
+        assert "registered DRA plugin" not in driver.output
+        assert "failed to register" not in driver.output
 
         async def unhealthy_record() -> list[dict[str, Any]]:
             rows = await records(kube, "default.trainer")
@@ -213,8 +272,53 @@ async def test_observer_survives_an_unreachable_kubelet(
 ) -> None:
     agent = await observer(base, kubeconfig, f"{base}/no-such.sock")
     try:
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(0.7)  # the first List and a few polls, every 0.2 s
         assert agent.proc is not None and agent.proc.returncode is None
-        assert "PodResources List failed: UNAVAILABLE" in agent.output
+        out = agent.output
+        assert "PodResources List failed: UNAVAILABLE" in out
+        assert f"(socket {base}/no-such.sock); retrying every 0.2s" in out
+        assert out.count("PodResources List failed") == 1  # once, not every poll
     finally:
         assert await agent.stop() == 0
+
+
+# -- post-mortem records across restarts, bounded ----------------------------------------
+
+
+async def test_records_survive_a_restart_and_evicted_pods_leave_the_configmap(
+    kube: AsyncClient, base: str, kubelet: tuple[FakeKubelet, str], monkeypatch: Any
+) -> None:
+    fake, podres = kubelet
+    fake.pods = [pod("new", GPU0, ns="default")]
+    name = configmap_name(NODE)
+    earlier = [{"time": "2026-01-01T00:00:00Z", "health": "Unhealthy", "message": "before"}]
+    older = [{"time": "2025-01-01T00:00:00Z", "health": "Unknown", "message": "old"}]
+    await kube.create(
+        ConfigMap(
+            metadata=ObjectMeta(name=name, namespace="default"),
+            data={
+                "default.new": json.dumps(earlier),
+                "default.old": json.dumps(older),
+                "default.bad": "{not json",
+            },
+        )
+    )
+    config = AgentConfig(
+        NODE, f"{base}/reg", f"{base}/agent", mode="observer",
+        podresources_socket=podres, podresources_interval=60,
+    )  # fmt: skip
+    mode = ObserverMode(config, kube, HealthPipeline(None), EventRecorder(kube, NODE))
+    await mode.start()
+    assert list(mode.records) == ["default.old", "default.new"]  # oldest change first
+    monkeypatch.setattr(_observer, "PODS_PER_NODE", 1)
+    mode._on_changes(
+        [HealthChange(KEY0, Health.UNHEALTHY, Health.HEALTHY, "fixed", ChangeReason.REPORT)]
+    )
+    await mode.stop()
+    cm = await kube.get(ConfigMap, name, namespace="default")
+    data = cm.data or {}
+    assert "default.old" not in data  # evicted: its key is deleted, not left behind
+    assert data["default.bad"] == "{not json"  # not ours to read; left as it was
+    rows = json.loads(data["default.new"])
+    assert [r["message"] for r in rows] == ["before", "fixed"]
+    assert rows[-1]["podEnded"] is False and rows[-1]["claim"] == "gpu"
