@@ -9,6 +9,10 @@ Owns the two profiles modelled on dra-example-driver (reference/driver-side.md 2
   ``gpu-<i>-full`` plus ``gpu-<i>-partition-<j>`` consuming its ``memory`` counter.
 * ``sim-nic``: ``nic-<i>`` devices with ``allowMultipleAllocations: true`` and
   capacities ``vfs`` and ``ingressBandwidth``/``egressBandwidth`` with request policies.
+* ``sim-pci``: the host's real PCI functions (read-only from ``<sysfs-root>/bus/pci``),
+  ``pci-<address>`` devices with ``address``, ``vendor``, ``deviceID``, ``class`` and
+  ``kernelDriver`` attributes, monitored by the PCI sysfs health source
+  (``drahealth.sources``) instead of the simulated one. Prepare has no side effects.
 
 Also owns :class:`SampleDriver` (prepare answers the allocated devices, with no side
 effects; the toolkit adds CDI ids; a device latched Unhealthy in the hub fails with a
@@ -27,6 +31,7 @@ import signal
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from lightkube import AsyncClient
 from lightkube.models.resource_v1 import (
@@ -58,6 +63,9 @@ from drahealth.driver._types import (
     PrepareResult,
 )
 
+if TYPE_CHECKING:
+    from drahealth.sources import PciSource
+
 __all__ = [
     "DEFAULT_DRIVER_NAMES",
     "NO_KUBECONFIG_MESSAGE",
@@ -77,8 +85,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PROFILES = ("sim-gpu", "sim-nic")
-DEFAULT_DRIVER_NAMES = {"sim-gpu": "gpu.example.com", "sim-nic": "nic.example.com"}
+PROFILES = ("sim-gpu", "sim-nic", "sim-pci")
+DEFAULT_DRIVER_NAMES = {
+    "sim-gpu": "gpu.example.com",
+    "sim-nic": "nic.example.com",
+    "sim-pci": "pci.example.com",
+}
 #: Hub source of the simulated health source and of permanent faults seen by prepare.
 SIM_SOURCE = "sim"
 PREPARE_FAULT_SOURCE = "prepare"
@@ -209,8 +221,34 @@ def sim_nic_pool(node: str, devices: int = 8) -> Pool:
     return Pool(devices=out)
 
 
+def pci_device_name(address: str) -> str:
+    """``0000:3b:00.0`` -> ``pci-0000-3b-00-0`` (a DNS label)."""
+    return "pci-" + address.replace(":", "-").replace(".", "-")
+
+
+def sim_pci_pool(sysfs_root: str = "/sys") -> Pool:
+    """The host's PCI functions as devices (read from sysfs, nothing written)."""
+    from drahealth.sources import list_pci_devices
+
+    out = []
+    for info in list_pci_devices(sysfs_root):
+        out.append(
+            Device(
+                name=pci_device_name(info.address),
+                attributes=_attrs(
+                    address=DeviceAttribute(string=info.address),
+                    vendor=DeviceAttribute(string=info.vendor),
+                    deviceID=DeviceAttribute(string=info.device),
+                    **{"class": DeviceAttribute(string=info.klass)},
+                    kernelDriver=DeviceAttribute(string=info.driver or "none"),
+                ),
+            )
+        )
+    return Pool(devices=out)
+
+
 def build_resources(
-    profile: str, node: str, devices: int = 8, partitions: int = 0
+    profile: str, node: str, devices: int = 8, partitions: int = 0, sysfs_root: str = "/sys"
 ) -> DriverResources:
     """The driver's resources for ``profile``: one pool named after the node.
 
@@ -222,6 +260,10 @@ def build_resources(
         if partitions:
             raise ValueError("--partitions applies to the sim-gpu profile only")
         pool = sim_nic_pool(node, devices)
+    elif profile == "sim-pci":
+        if partitions:
+            raise ValueError("--partitions applies to the sim-gpu profile only")
+        pool = sim_pci_pool(sysfs_root)
     else:
         raise ValueError(f"unknown profile {profile!r}; expected one of {', '.join(PROFILES)}")
     split_pool(node, pool)  # validate now, with or without API access
@@ -335,6 +377,7 @@ class SampleDriverConfig:
     prepare_delay: float = 0.0
     broken_devices: tuple[str, ...] = ()
     error_type_field: bool = False
+    sysfs_root: str = "/sys"
 
 
 class SampleDriverApp:
@@ -347,7 +390,7 @@ class SampleDriverApp:
         self.config = config
         self.say = say
         self.resources = build_resources(
-            config.profile, config.node_name, config.devices, config.partitions
+            config.profile, config.node_name, config.devices, config.partitions, config.sysfs_root
         )
         self.device_ids = [
             (pool_name, d.name)
@@ -359,6 +402,19 @@ class SampleDriverApp:
         self.source = SimulatedHealthSource(
             self.hub, self.device_ids, max(0.05, config.health_timeout / 3)
         )
+        self.pci: PciSource | None = None
+        if config.profile == "sim-pci":
+            from drahealth.sources import PciDevice, PciSource
+
+            self.pci = PciSource(
+                [
+                    PciDevice(pool, d.name, (d.attributes or {})["address"].string or "")
+                    for pool, p in self.resources.pools.items()
+                    for d in p.devices
+                ],
+                root=config.sysfs_root,
+                interval=max(0.05, config.health_timeout / 3),
+            )
         unknown = sorted(set(config.broken_devices) - {d for _, d in self.device_ids})
         if unknown:
             raise ValueError(f"--broken-device names unknown devices: {', '.join(unknown)}")
@@ -420,7 +476,10 @@ class SampleDriverApp:
 
     async def _start(self) -> None:
         c = self.config
-        self.source.report()  # every device Healthy before the first stream opens
+        if self.pci is not None:  # real hardware: its first poll, never assumed Healthy
+            self.hub.submit(self.pci.name, self.pci.poll())
+        else:
+            self.source.report()  # every device Healthy before the first stream opens
         self._unwatch = self.metrics.watch_hub(self.hub)
         if c.kubeconfig is not None:
             from drahealth.kube import make_client
@@ -444,7 +503,12 @@ class SampleDriverApp:
                 store=TaintStore(os.path.join(options.effective_state_dir, TAINT_STORE_NAME)),
             )
             await self.taints.start()
-        self._tasks.append(asyncio.create_task(self.source.run(), name="sim-health"))
+        if self.pci is not None:
+            from drahealth.sources import run_source
+
+            self._tasks.append(asyncio.create_task(run_source(self.hub, self.pci), name="pci"))
+        else:
+            self._tasks.append(asyncio.create_task(self.source.run(), name="sim-health"))
 
     def request_stop(self) -> None:
         """Ask :meth:`wait` to return (signal-handler safe)."""

@@ -41,7 +41,7 @@ def _say(line: str) -> None:
 @click.option(
     "--driver-name",
     default=None,
-    help="DRA driver name [default: gpu.example.com for sim-gpu, nic.example.com for sim-nic].",
+    help="DRA driver name [default: gpu.example.com, nic.example.com or pci.example.com].",
 )
 @click.option(
     "--node-name",
@@ -120,6 +120,12 @@ def _say(line: str) -> None:
     help="Simulate hardware that fails to prepare (a permanent device fault); repeatable.",
 )
 @click.option(
+    "--sysfs-root",
+    default="/sys",
+    show_default=True,
+    help="sim-pci: the sysfs tree to read PCI devices from (a fake tree in tests).",
+)
+@click.option(
     "--error-type-field",
     is_flag=True,
     help="Send the KEP-5322 error_type field (Permanent/Transient) with prepare errors.",
@@ -141,6 +147,7 @@ def driver_command(
     prepare_delay: float,
     broken_devices: tuple[str, ...],
     error_type_field: bool,
+    sysfs_root: str,
 ) -> None:
     """Run the sample DRA driver with simulated devices until SIGTERM/SIGINT."""
     config = SampleDriverConfig(
@@ -160,6 +167,7 @@ def driver_command(
         prepare_delay=prepare_delay,
         broken_devices=broken_devices,
         error_type_field=error_type_field,
+        sysfs_root=sysfs_root,
     )
     try:
         app = SampleDriverApp(config, say=_say)
