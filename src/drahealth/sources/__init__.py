@@ -10,6 +10,7 @@ AER, link, driver), :class:`ExecProbe` and :class:`FileProbe` (vendor tools), an
 from __future__ import annotations
 
 from drahealth.sources._base import HealthSource, run_source, unknown_all
+from drahealth.sources._nvml import GpuDevice, NvmlSource, NvmlThresholds, discover_gpus
 from drahealth.sources._pci import AerThresholds, PciDevice, PciSource, list_pci_devices
 from drahealth.sources._probe import ExecProbe, FileProbe
 
@@ -17,9 +18,13 @@ __all__ = [
     "AerThresholds",
     "ExecProbe",
     "FileProbe",
+    "GpuDevice",
     "HealthSource",
+    "NvmlSource",
+    "NvmlThresholds",
     "PciDevice",
     "PciSource",
+    "discover_gpus",
     "list_pci_devices",
     "run_source",
     "unknown_all",
