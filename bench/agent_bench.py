@@ -106,6 +106,60 @@ async def ingest(n: int, base: str) -> tuple[list[float], list[float], float, fl
     return ours, theirs, ours_bytes, written / MESSAGES
 
 
+def persistence(n: int, changes: int, base: str) -> dict[str, float]:
+    """One durable device change with ``n`` devices cached: our log vs the upstream rewrite.
+
+    Ours: one record appended and fsynced. Upstream, re-implemented faithfully: the
+    whole map as JSON to a temporary file and renamed over the checkpoint, without
+    fsync (as the kubelet does); and the same with the missing fsyncs added.
+    """
+    from drahealth.core._records import DeviceEntry
+    from drahealth.node._health_store import HealthStore
+
+    entries = [
+        DeviceEntry(DRIVER, POOL, f"gpu-{i}", Health.HEALTHY, "", 30.0, 0.0, 1e9, 1e9)
+        for i in range(n)
+    ]
+    os.makedirs(f"{base}/p{n}", exist_ok=True)
+    store, _, _ = HealthStore.open(f"{base}/p{n}/health.log", min_compact_records=10**9)
+    store.compact(entries)
+    before_bytes, ours = store.bytes_written, []
+    for i in range(changes):
+        changed = entries[i % n]
+        t0 = time.perf_counter()
+        store.append([changed])
+        ours.append(time.perf_counter() - t0)
+    ours_bytes = (store.bytes_written - before_bytes) / changes
+    store.close()
+
+    def doc() -> bytes:
+        return json.dumps(
+            {f"{e.pool}/{e.device}": {"health": str(e.health), "lastUpdated": e.changed_wall}
+             for e in entries}
+        ).encode()  # fmt: skip
+
+    path = f"{base}/p{n}/checkpoint.json"
+    plain, durable, size = [], [], 0
+    for _ in range(changes):
+        t0 = time.perf_counter()
+        data = doc()
+        with open(path + ".tmp", "wb") as f:
+            f.write(data)
+        os.replace(path + ".tmp", path)
+        plain.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        atomic_write(path, doc())
+        durable.append(time.perf_counter() - t0)
+        size = len(data)
+    return {
+        "ours_ms": statistics.median(ours) * 1e3,
+        "ours_bytes": ours_bytes,
+        "upstream_ms": statistics.median(plain) * 1e3,
+        "upstream_fsync_ms": statistics.median(durable) * 1e3,
+        "upstream_bytes": float(size),
+    }
+
+
 def build_tracker() -> tuple[ClaimTracker, list[ClaimInfo], list[DeviceKey]]:
     tracker = ClaimTracker(None)
     claims = []

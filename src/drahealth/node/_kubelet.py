@@ -15,9 +15,9 @@ Owns the pod lifecycle a kubelet runs for DRA on the embedded control plane:
   pod needs is unprepared and kept as a tombstone so the ended pod's status still
   receives its devices' health (post-mortem);
 * the status writer: health changes and pod events mark pods dirty (a coalescing set,
-  never dropped); one writer task recomputes each dirty pod's status with the
+  never dropped); the writer recomputes each dirty pod's status with the
   :class:`~drahealth.core._status.StatusBuilder` and sends a merge patch only when it
-  differs.
+  differs, up to ``STATUS_WRITERS`` pods at once.
 
 It does not allocate (claims must already carry ``status.allocation``) and does not
 check ``status.reservedFor``. Knows nothing of plugin sockets (the registry does).
@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 _ENDED = ("Succeeded", "Failed")
+#: Pod status patches in flight at once.
+STATUS_WRITERS = 16
 
 
 def _now() -> str:
@@ -399,15 +401,23 @@ class KubeletMode:
             await self._status_wake.wait()
             self._status_wake.clear()
             batch, self._status_dirty = self._status_dirty, {}
-            for uid, since in batch.items():
-                try:
-                    await self._write_status(uid, since)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    log.warning("writing status of pod %s failed: %s", uid, exc)
-                    self._status_dirty.setdefault(uid, since)
-                    asyncio.get_running_loop().call_later(0.5, self._status_wake.set)
+            # pods are independent: write up to STATUS_WRITERS of them at once, so the
+            # last of a burst (a lease ending for many devices) is not a queue behind
+            limit = asyncio.Semaphore(STATUS_WRITERS)
+            await asyncio.gather(
+                *(self._write_one(uid, since, limit) for uid, since in batch.items())
+            )
+
+    async def _write_one(self, uid: str, since: float, limit: asyncio.Semaphore) -> None:
+        async with limit:
+            try:
+                await self._write_status(uid, since)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("writing status of pod %s failed: %s", uid, exc)
+                self._status_dirty.setdefault(uid, since)
+                asyncio.get_running_loop().call_later(0.5, self._status_wake.set)
 
     async def _write_status(self, uid: str, since: float) -> None:
         pod = self._pod_dict(uid)

@@ -9,6 +9,7 @@ code 1 with a message naming the problem (2 for usage errors, from click). Print
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import socket
@@ -198,6 +199,10 @@ async def _run(config: object, kubeconfig: str | None) -> None:
         await agent.start()
         for problem in agent.problems:
             click.echo(f"warning: {problem}", err=True)
+        # what was built at start lives as long as the process: take it out of the
+        # collector's scans, so a full collection cannot stall a health update
+        gc.collect()
+        gc.freeze()
         click.echo(f"ready: {config.registry_dir}")
         await stop.wait()
     finally:

@@ -1,0 +1,96 @@
+"""Every benchmark with its target: ``python bench/run.py [--quick]``.
+
+Runs the benchmarks of ``bench/`` one after the other (each in this process, each
+against its baseline where it has one) and prints one row per measurement with its
+target and PASS/MISS. ``--quick`` uses smaller sizes and shorter windows (under five
+minutes on two cores); the full run's numbers are recorded in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import agent_bench
+import driver_bench
+import pipeline_bench
+import remedy_bench
+
+ROWS: list[tuple[str, str, str, bool]] = []
+
+
+def row(name: str, value: str, target: str, ok: bool) -> None:
+    ROWS.append((name, value, target, ok))
+    print(f"{name:52} {value:>22}  {target:24} {'PASS' if ok else 'MISS'}", flush=True)
+
+
+def encode_ms() -> float:
+    hub = driver_bench.make_hub(10_000)
+    counter = iter(range(10**9))
+
+    def change() -> None:
+        hub.submit("bench", [driver_bench.DeviceReport("node-1", "gpu-7",
+                    driver_bench.Health.UNKNOWN, f"c {next(counter)}")])  # fmt: skip
+
+    samples = driver_bench.timed(hub.encode_snapshot_v1, 40, before=change)
+    return sorted(samples)[len(samples) // 2]
+
+
+async def main(quick: bool) -> None:
+    t0 = time.monotonic()
+    print(f"machine: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+          f"{'quick' if quick else 'full'} run\n")  # fmt: skip
+    p = await pipeline_bench.propagation(100 if quick else 200)
+    row("1. fault -> pod status (1,000 devices, 200 pods) p50",
+        f"{p['p50_ms']:.1f} ms", "-", True)  # fmt: skip
+    row("   ... p99", f"{p['p99_ms']:.1f} ms", "<= 20 ms", p["p99_ms"] <= 20)
+    e = await pipeline_bench.expiry()
+    row("2. lease end -> Unknown in the API, lateness p99",
+        f"{e['p99_s'] * 1000:.0f} ms", "<= 500 ms (upstream ~60 s)", e["p99_s"] <= 0.5)  # fmt: skip
+    base = tempfile.mkdtemp(prefix="dhp-")
+    try:
+        for n in (100, 1_000, 10_000):
+            r = agent_bench.persistence(n, 20 if quick else 100, base)
+            fewer = r["upstream_bytes"] / r["ours_bytes"]
+            faster = r["upstream_fsync_ms"] / r["ours_ms"]
+            judged = n == 10_000
+            row(f"3. durable change, {n:,} devices: bytes ours/upstream",
+                f"{r['ours_bytes']:.0f} / {r['upstream_bytes']:.0f} ({fewer:.0f}x)",
+                ">= 20x fewer" if judged else "-", fewer >= 20 or not judged)  # fmt: skip
+            row("   time ours (fsync) / upstream (no fsync, fsync)",
+                f"{r['ours_ms']:.2f} / {r['upstream_ms']:.2f}, {r['upstream_fsync_ms']:.2f} ms",
+                ">= 5x less (fsync)" if judged else "-", faster >= 5 or not judged)  # fmt: skip
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    s = await pipeline_bench.scale(20 if quick else 120)
+    row("4. agent with 10,000 devices, snapshot every 5 s: CPU",
+        f"{s['cpu_percent']:.1f} % of a core", "<= 10 %", s["cpu_percent"] <= 10)  # fmt: skip
+    row("   ... RSS", f"{s['rss_mb']:.0f} MB", "<= 200 MB", s["rss_mb"] <= 200)
+    pr = await pipeline_bench.prepare(rounds=4 if quick else 20)
+    latency = f"{pr['p99_ms']:.1f} ms (p50 {pr['p50_ms']:.1f})"
+    row("5. NodePrepareResources, 50 concurrent claims p99", latency, "<= 10 ms",
+        pr["p99_ms"] <= 10)  # fmt: skip
+    enc = encode_ms()
+    row("   snapshot encode, 10,000 devices, after a change", f"{enc:.2f} ms", "<= 5 ms", enc <= 5)
+    nodes, pods = (100, 500) if quick else (1000, 5000)
+    rm = await remedy_bench.run(nodes, pods, 50)
+    row(f"6. pod status Unhealthy -> taint ({nodes} nodes, {pods} pods) p99",
+        f"{rm['p99_s'] * 1000:.0f} ms", "<= 2 s", rm["p99_s"] <= 2)  # fmt: skip
+    row("   controller RSS", f"{rm['rss_mb']:.0f} MB", "<= 300 MB", rm["rss_mb"] <= 300)
+    missed = [r[0] for r in ROWS if not r[3]]
+    print(f"\n{len(ROWS) - len(missed)} of {len(ROWS)} rows met their target "
+          f"in {time.monotonic() - t0:.0f} s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, under 5 minutes")
+    asyncio.run(main(parser.parse_args().quick))
