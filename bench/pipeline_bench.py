@@ -81,9 +81,14 @@ def pct(samples: list[float], q: float) -> float:
 class World:
     """API server + toolkit plugin (hub) in process, agent as a subprocess."""
 
-    def __init__(self, devices: int, timeout: int = 30) -> None:
+    def __init__(
+        self, devices: int, timeout: int = 30, *, remote_api: bool = False, agent: bool = True
+    ) -> None:
         self.base = tempfile.mkdtemp(prefix="dhb-", dir="/tmp")
         self.server = APIServer()
+        self.remote_api = remote_api
+        self.with_agent = agent
+        self.api_proc: asyncio.subprocess.Process | None = None
         self.devices = [(NODE, f"gpu-{i}") for i in range(devices)]
         self.hub = HealthHub(self.devices, default_timeout_seconds=timeout)
         self.client: AsyncClient | None = None
@@ -91,9 +96,19 @@ class World:
         self.agent: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
-        await self.server.start(port=0)
-        kubeconfig = str(self.server.write_kubeconfig(f"{self.base}/kubeconfig"))
-        self.client = make_client(server_url=self.server.url)
+        kubeconfig = f"{self.base}/kubeconfig"
+        if self.remote_api:  # the API server in its own process, as in a cluster
+            self.api_proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "drahealth", "apiserver", "--port", "0",
+                "--kubeconfig-out", kubeconfig, stdout=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            assert self.api_proc.stdout is not None
+            url = (await self.api_proc.stdout.readline()).decode().split()[-1]
+        else:
+            await self.server.start(port=0)
+            self.server.write_kubeconfig(kubeconfig)
+            url = self.server.url
+        self.client = make_client(server_url=url)
         await self.client.create(Node(metadata=ObjectMeta(name=NODE)))
         self.hub.submit("bench", [DeviceReport(p, d, Health.HEALTHY) for p, d in self.devices])
         options = PluginOptions(
@@ -101,6 +116,8 @@ class World:
             plugins_dir=f"{self.base}/plugins", cdi_dir=None, kube_client=self.client,
         )  # fmt: skip
         self.handle = await start(NoWorkDriver(), options, health=self.hub)
+        if not self.with_agent:
+            return
         log = open(f"{self.base}/agent.log", "wb")  # noqa: SIM115, ASYNC230 - the agent's stdout
         self.agent = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "drahealth", "agent", "--mode", "kubelet", "--node-name", NODE,
@@ -122,7 +139,11 @@ class World:
             await self.handle.stop(0)
         if self.client is not None:
             await self.client.close()
-        await self.server.stop()
+        if self.api_proc is not None:
+            self.api_proc.terminate()
+            await self.api_proc.wait()
+        else:
+            await self.server.stop()
         shutil.rmtree(self.base, ignore_errors=True)
 
     async def pods(self, count: int) -> None:
@@ -159,8 +180,8 @@ class World:
 
 
 @asynccontextmanager
-async def world(devices: int, lease: int = 30) -> AsyncIterator[World]:
-    w = World(devices, lease)
+async def world(devices: int, lease: int = 30, **kw: bool) -> AsyncIterator[World]:
+    w = World(devices, lease, **kw)
     try:
         await w.start()
         yield w
@@ -292,7 +313,7 @@ async def scale(seconds: float, devices: int = 10_000) -> dict[str, float]:
 
 
 async def prepare(calls: int = 50, rounds: int = 10) -> dict[str, float]:
-    async with world(calls) as w:
+    async with world(calls, remote_api=True, agent=False) as w:
         assert w.client is not None
         client = w.client
         for i in range(calls):

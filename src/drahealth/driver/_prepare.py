@@ -39,8 +39,8 @@ import fcntl
 import inspect
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from lightkube import ApiError
 from lightkube.resources.resource_v1 import ResourceClaim
@@ -257,6 +257,9 @@ class ClaimPreparer:
         self._state_flock = FileLock(options.checkpoint_path + ".lock") if self._shared else None
         self._claims: dict[str, ClaimEntry] = {}
         self._counter = _make_counter(options)
+        # calls waiting for the serialization lock, taken along by whoever gets it
+        self._prepare_queue: list[tuple[Sequence[Any], asyncio.Future[dict[str, Any]]]] = []
+        self._unprepare_queue: list[tuple[Sequence[Any], asyncio.Future[dict[str, Any]]]] = []
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -292,8 +295,7 @@ class ClaimPreparer:
             else:
                 todo.append(got)
         if todo:
-            async with self._serialized():
-                out.update(await self._prepare_locked(todo))
+            out.update(await self._batched(self._prepare_queue, todo, self._prepare_locked))
         for ref in unique:
             result = out[ref.uid]
             self._count("prepare", result.error)
@@ -457,8 +459,7 @@ class ClaimPreparer:
         unique = list({r.uid: r for r in refs}.values())
         out: dict[str, ClaimError | None] = {}
         if unique:
-            async with self._serialized():
-                out = await self._unprepare_locked(unique)
+            out = await self._batched(self._unprepare_queue, unique, self._unprepare_locked)
         for ref in unique:
             self._count("unprepare", out[ref.uid])
             err = out[ref.uid]
@@ -506,6 +507,36 @@ class ClaimPreparer:
         return out
 
     # -- plumbing ----------------------------------------------------------
+
+    async def _batched(
+        self,
+        queue: list[tuple[Sequence[Any], asyncio.Future[dict[str, Any]]]],
+        items: Sequence[Any],
+        locked: Callable[[Sequence[Any]], Awaitable[dict[str, Any]]],
+    ) -> dict[str, Any]:
+        """Run ``locked`` for ``items`` under the serialization lock, in group commit:
+        the caller that gets the lock takes every call queued behind it along, so N
+        concurrent calls cost one driver call and one checkpoint write, not N in a row."""
+        if not self._options.serialize:
+            return await locked(items)
+        done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        queue.append((items, done))
+        async with self._serialized():
+            if not done.done():
+                batch = list(queue)
+                queue.clear()
+                merged = list({i.uid: i for items_, _ in batch for i in items_}.values())
+                try:
+                    results = await locked(merged)
+                except BaseException as exc:
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    raise
+                for items_, fut in batch:
+                    if not fut.done():
+                        fut.set_result({i.uid: results[i.uid] for i in items_})
+        return await done
 
     @contextlib.asynccontextmanager
     async def _serialized(self) -> AsyncIterator[None]:
