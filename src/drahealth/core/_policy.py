@@ -74,12 +74,17 @@ class Match:
             return False
         if self.device is not None and not fnmatch.fnmatchcase(facts.device, self.device):
             return False
-        return all(facts.attributes.get(k) == v for k, v in self.attributes.items())
+        return all(_same(facts.attributes.get(k), v) for k, v in self.attributes.items())
 
     def matches(self, facts: DeviceFacts, health: Health, message: str) -> bool:
         if health not in self.health or not self.device_matches(facts):
             return False
         return self.message is None or self.message.search(message) is not None
+
+
+def _same(value: AttributeValue | None, wanted: AttributeValue) -> bool:
+    """Equal and of the same type (``True`` is not ``1``)."""
+    return type(value) is type(wanted) and value == wanted
 
 
 @dataclass(frozen=True, slots=True)

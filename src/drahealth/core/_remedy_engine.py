@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from drahealth.core._health import DeviceKey, Health
-from drahealth.core._policy import DeviceFacts, Policy, Rule
+from drahealth.core._policy import EFFECT_ORDER, DeviceFacts, Policy, Rule
 
 __all__ = ["RemedyEngine", "Want"]
 
@@ -60,6 +60,7 @@ class _Device:
     reason: str = ""
     changes: deque[float] = field(default_factory=deque)
     validation: Validation = "none"
+    reported: float = float("-inf")  # the last wants() that covered this device
 
 
 class RemedyEngine:
@@ -68,6 +69,10 @@ class RemedyEngine:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self._devices: dict[DeviceKey, _Device] = {}
+        #: health changes older than this count for no rule's hysteresis
+        self._horizon = max(
+            (r.hysteresis.window for r in policy.rules if r.hysteresis), default=0.0
+        )
 
     # -- input -------------------------------------------------------------------
 
@@ -83,6 +88,8 @@ class RemedyEngine:
         changed = d.observed and health is not d.health
         if changed:
             d.changes.append(now)
+        while d.changes and d.changes[0] <= now - self._horizon:
+            d.changes.popleft()
         d.observed = True
         d.health, d.message = health, message
         rule = self.policy.rule_for(facts, health, message)
@@ -111,6 +118,9 @@ class RemedyEngine:
             rule = next((r for r in self.policy.rules if r.match.device_matches(facts)), None)
         if rule is None:
             return  # nothing in the policy covers it any more: recovery removes it
+        # ``since`` is the taint's timeAdded, which moves when the effect changes: an
+        # escalated taint was first wanted that step's ``after`` earlier
+        since -= _escalated_for(rule, want.effect)
         d.rule, d.tainted_since, d.value, d.reason = rule, since, want.value, want.reason
 
     def rule_of(self, key: DeviceKey) -> Rule | None:
@@ -139,6 +149,7 @@ class RemedyEngine:
         out: dict[DeviceKey, Want] = {}
         for key, d in self._devices.items():
             self._advance(d, now)
+            d.reported = max(d.reported, now)
             if d.tainted_since is not None and d.rule is not None:
                 effect = d.rule.action.effect_at(now - d.tainted_since)
                 if self.policy.dry_run:
@@ -180,12 +191,17 @@ class RemedyEngine:
         return f"recovered: validation {d.validation}"
 
     def next_wakeup(self, now: float) -> float | None:
-        """The next time at which :meth:`wants` may answer differently without input."""
-        times: list[float] = []
+        """The next time at which :meth:`wants` may answer differently without input.
+
+        A time at or before ``now`` means a change fell due after the last :meth:`wants`:
+        ask again at once.
+        """
+        due: list[float] = []
         for d in self._devices.values():
             rule = d.rule
             if rule is None:
                 continue
+            times: list[float] = []
             if d.tainted_since is None and d.bad_since is not None:
                 times.append(d.bad_since + rule.action.grace)
             if d.tainted_since is not None:
@@ -194,8 +210,8 @@ class RemedyEngine:
                     times.append(d.healthy_since + rule.recovery.healthy_for)
                 if rule.hysteresis is not None and d.changes:
                     times.append(d.changes[0] + rule.hysteresis.window)
-        future = [t for t in times if t > now]
-        return min(future) if future else None
+            due += [t for t in times if t > d.reported]
+        return min(due) if due else None
 
     # -- internals ---------------------------------------------------------------
 
@@ -237,6 +253,16 @@ class RemedyEngine:
     def _hook(d: _Device) -> bool:
         v = d.rule.recovery.validate if d.rule is not None else None
         return v is not None and bool(v.exec or v.http)
+
+
+def _escalated_for(rule: Rule, effect: str) -> float:
+    """How long ``rule``'s taint has been wanted when it first has ``effect`` (0: at once)."""
+    if EFFECT_ORDER.get(effect, 0) <= EFFECT_ORDER[rule.action.effect]:
+        return 0.0
+    steps = (
+        s.after for s in rule.action.escalate if EFFECT_ORDER[s.effect] >= EFFECT_ORDER[effect]
+    )
+    return next(steps, 0.0)
 
 
 def _value(rule: Rule, health: Health) -> str:

@@ -56,7 +56,7 @@ from drahealth.remedy._rules import (
     CONTROLLER_LABEL,
     MANAGED_BY,
     DeviceRef,
-    created_by,
+    is_ours,
     rule_body,
 )
 from drahealth.remedy._view import Consumer, consumers, device_facts, observations, tolerates
@@ -203,7 +203,7 @@ class RemediationController:
     def _seed(self) -> None:
         now, wall = self._clock(), self._wall()
         for rule in self.rules.store.list():
-            if created_by(rule) != "controller" or rule.spec is None or rule.metadata is None:
+            if not is_ours(rule) or rule.spec is None or rule.metadata is None:
                 continue
             sel, taint = rule.spec.deviceSelector, rule.spec.taint
             if sel is None or not (sel.driver and sel.pool and sel.device):
@@ -245,7 +245,7 @@ class RemediationController:
         existing = {
             str(r.metadata.name): r
             for r in self.rules.store.list()
-            if r.metadata is not None and created_by(r) == "controller"
+            if r.metadata is not None and is_ours(r)
         }
         for name, (key, body) in sorted(desired.items()):
             current = existing.get(name)

@@ -10,8 +10,9 @@ subpattern at position 0``. See docs/policy.md for the format.
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 import yaml
@@ -37,9 +38,34 @@ __all__ = ["load_policy", "parse_policy"]
 
 Duration = float | int | str
 EffectName = Literal["None", "NoSchedule", "NoExecute"]
-HealthName = Literal["Unhealthy", "Unknown", "Healthy"]
+HealthName = Literal["Unhealthy", "Unknown"]
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+class _Loader(yaml.SafeLoader):
+    """Safe YAML that refuses duplicate keys (PyYAML keeps the last one silently)."""
+
+
+def _mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: set[object] = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            duplicate = key in seen
+        except TypeError:
+            continue  # unhashable: construct_mapping reports it
+        if duplicate:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
 
 
 class _Base(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
@@ -124,7 +150,7 @@ def load_policy(path: str) -> Policy:
 def parse_policy(text: str, source: str = "<policy>") -> Policy:
     """Validate policy YAML ``text``; errors name ``source`` and the field."""
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_Loader)  # a SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -132,11 +158,26 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
         raise PolicyError(f"{source}: {where}invalid YAML: {problem}") from exc
     if not isinstance(raw, dict):
         raise PolicyError(f"{source}: the top level must be a mapping, got {_kind(raw)}")
+    _check_attributes(raw, source)
     try:
         spec = msgspec.convert(raw, _Policy, strict=True)
     except msgspec.ValidationError as exc:
         raise PolicyError(_validation_text(source, exc)) from exc
     return _build(spec, source)
+
+
+def _check_attributes(raw: dict[Any, Any], source: str) -> None:
+    """Name the attribute whose value is bad (msgspec would say ``attributes[...]``)."""
+    rules = raw.get("rules")
+    for i, r in enumerate(rules if isinstance(rules, list) else []):
+        match = r.get("match") if isinstance(r, dict) else None
+        attrs = match.get("attributes") if isinstance(match, dict) else None
+        for name, value in (attrs if isinstance(attrs, dict) else {}).items():
+            if not isinstance(value, str | int | bool):
+                raise PolicyError(
+                    f"{source}: rules[{i}].match.attributes.{name}: expected a string, "
+                    f"integer or boolean, got {_kind(value)}"
+                )
 
 
 def _kind(value: object) -> str:
@@ -169,7 +210,9 @@ class _Builder:
             if m is None:
                 raise self.fail(path, f"bad duration {value!r}: use seconds or e.g. 30s, 5m, 1h")
             seconds = float(m.group(1)) * _UNITS[m.group(2)]
-        if seconds < 0 or (positive and seconds == 0) or seconds != seconds:
+        if not math.isfinite(seconds):
+            raise self.fail(path, f"duration {value!r} must be a finite number of seconds")
+        if seconds < 0 or (positive and seconds == 0):
             raise self.fail(path, f"duration {value!r} must be {'> 0' if positive else '>= 0'}")
         return seconds
 

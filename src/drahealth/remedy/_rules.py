@@ -30,6 +30,7 @@ __all__ = [
     "DeviceRef",
     "RuleError",
     "created_by",
+    "is_ours",
     "parse_device",
     "rule_body",
     "rule_name",
@@ -116,6 +117,11 @@ def created_by(rule: Any) -> str | None:
     return None
 
 
+def is_ours(rule: Any) -> bool:
+    """Whether the controller created ``rule`` (the only rules it may change or delete)."""
+    return created_by(rule) == "controller"
+
+
 def rule_body(
     device: DeviceRef,
     *,
@@ -129,15 +135,17 @@ def rule_body(
 ) -> dict[str, Any]:
     """A ``resource.k8s.io/v1`` DeviceTaintRule for exactly ``device``."""
     validate_taint(key, value, effect)
+    if by not in ("controller", "operator"):
+        raise RuleError(f"created by {by!r} must be 'controller' or 'operator'")
     labels = {MANAGED_BY: CONTROLLER_LABEL} if by == "controller" else {CREATED_BY: OPERATOR_LABEL}
     annotations = {ANNOTATION_NODE: node} if node else {}
     if policy_rule:
         annotations[ANNOTATION_RULE] = policy_rule
     if reason:
         annotations[ANNOTATION_REASON] = reason[:1024]
-    taint = {"key": key, "effect": effect}
-    if value:
-        taint["value"] = value
+    taint = {"key": key, "value": value, "effect": effect}
+    if not value:
+        del taint["value"]
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceTaintRule",

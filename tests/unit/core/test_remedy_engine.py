@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import re
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from drahealth.core import DeviceKey, Health
 from drahealth.core._policy import (
+    EFFECT_ORDER,
     Action,
     DeviceFacts,
     Hysteresis,
@@ -173,3 +178,169 @@ def test_seed_resumes_a_taint_and_its_escalation_clock() -> None:
     e2 = engine(rule("new"))
     e2.seed(GPU, Want("NoSchedule", "drahealth.io/unhealthy", "unhealthy", "gone", "r"), 0.0)
     assert e2.wants(1.0)[KEY].rule == "new"
+
+
+# -- properties over random health histories ---------------------------------------------
+
+BAD = frozenset({U, X})
+RULES = st.builds(
+    lambda grace, steps, hold, healthy_for: rule(
+        grace=grace,
+        effect="None",
+        escalate=tuple(Step(after, eff) for after, eff in steps),
+        healthy_for=healthy_for,
+        hysteresis=hold,
+        health=BAD,
+    ),
+    st.sampled_from([0.0, 2.0, 5.0]),
+    st.sampled_from([(), ((10.0, "NoSchedule"),), ((3.0, "NoSchedule"), (8.0, "NoExecute"))]),
+    st.sampled_from([None, Hysteresis(3, 10.0), Hysteresis(5, 30.0)]),
+    st.sampled_from([0.0, 4.0, 10.0]),
+)
+#: (seconds until the next observation, health observed now)
+HISTORY = st.lists(
+    st.tuples(st.sampled_from([0.5, 1.0, 2.0, 3.0, 7.0]), st.sampled_from([H, U, X]))
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(RULES, HISTORY)
+def test_nothing_changes_before_the_announced_wakeup(
+    r: Rule, history: list[tuple[float, Health]]
+) -> None:
+    e = engine(r)
+    t = 0.0
+    for dt, health in history:
+        e.observe(GPU, health, "", t)
+        now_wants = e.wants(t)
+        due = e.next_wakeup(t)
+        assert due is None or due > t
+        until = t + dt if due is None else min(due, t + dt)
+        for frac in (0.01, 0.5, 0.999):
+            probe = copy.deepcopy(e)  # wants() advances the engine: look on a copy
+            assert probe.wants(t + (until - t) * frac) == now_wants
+        t += dt
+
+
+@settings(max_examples=300, deadline=None)
+@given(RULES, HISTORY, st.booleans())
+def test_untaint_only_after_healthy_for_and_effects_only_rise(
+    r: Rule, history: list[tuple[float, Health]], dry_run: bool
+) -> None:
+    e = engine(r, dry_run=dry_run)
+    t, healthy_since = 0.0, None
+    before: Want | None = None
+    for dt, health in history:
+        for at, observe in ((t, True), (t + dt / 2, False)):
+            if observe:
+                now = e.wants(at).get(KEY)  # just before the new observation
+                _check_step(r, before, now, at, healthy_since, dry_run)
+                before = now
+                e.observe(GPU, health, "", at)
+                healthy_since = (
+                    (healthy_since if healthy_since is not None else at) if health is H else None
+                )
+            now = e.wants(at).get(KEY)
+            _check_step(r, before, now, at, healthy_since, dry_run)
+            before = now
+        t += dt
+
+
+def _check_step(
+    r: Rule,
+    before: Want | None,
+    now: Want | None,
+    at: float,
+    healthy_since: float | None,
+    dry: bool,
+) -> None:
+    if now is not None and dry:
+        assert now.effect == "None"
+    if before is not None and now is None:  # an untaint: only after healthyFor of Healthy
+        assert healthy_since is not None and at - healthy_since >= r.recovery.healthy_for
+    if before is not None and now is not None:
+        assert EFFECT_ORDER[now.effect] >= EFFECT_ORDER[before.effect]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([0.5, 1.0, 2.0, 2.9]), min_size=10, max_size=40))
+def test_a_device_flapping_5_times_in_30_s_is_tainted_once_and_held(spells: list[float]) -> None:
+    # every bad spell is shorter than the grace period: without the hold, nothing happens
+    e = engine(rule(grace=3, healthy_for=5, hysteresis=Hysteresis(transitions=5, window=30)))
+    t, present = 0.0, []
+    for i, spell in enumerate(spells):
+        e.observe(GPU, U if i % 2 == 0 else H, "flap", t)
+        present += [KEY in e.wants(t), KEY in e.wants(t + spell / 2)]
+        t += spell
+    # at most 4 changes happen before the 5th within 30 s: tainted from then on, never untainted
+    flips = [a != b for a, b in itertools.pairwise(present)]
+    assert present[-1] and sum(flips) == 1
+    assert "held" in e.explain(KEY, t - 0.01)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from([0.0, 2.0]),
+    st.sampled_from([0.0, 4.0, 60.0]),
+    HISTORY,
+    st.sampled_from([H, U, X]),
+)
+def test_a_restart_rebuilt_from_the_api_wants_the_same_taint(
+    grace: float, healthy_for: float, history: list[tuple[float, Health]], current: Health
+) -> None:
+    """What the API keeps (the rule's taint and its timeAdded) and the current health are
+    enough to want the same taint at the moment of the restart (escalation across a
+    restart is tested below)."""
+    r = rule(grace=grace, healthy_for=healthy_for, hysteresis=None, health=BAD)
+    e = engine(r)
+    t, api = 0.0, None
+    for dt, health in [*history, (0.0, current)]:
+        e.observe(GPU, health, "", t)
+        want = e.wants(t).get(KEY)
+        if want is None:
+            api = None
+        else:  # the controller writes every change; timeAdded moves with the effect only
+            api = (want, t if api is None or api[0].effect != want.effect else api[1])
+        t += dt
+    rebuilt = engine(r)
+    if api is not None:
+        rebuilt.seed(GPU, api[0], api[1])
+    rebuilt.observe(GPU, current, "", t)
+    assert rebuilt.wants(t) == e.wants(t)
+
+
+# -- gaps found by the tests above, fixed ------------------------------------------------
+
+NOEXEC_LATER = (Step(600, "NoExecute"),)
+
+
+def test_a_restart_after_an_escalation_keeps_the_escalated_effect() -> None:
+    e = engine(rule(effect="NoSchedule", escalate=NOEXEC_LATER))
+    e.observe(GPU, U, "", 0.0)
+    assert effect(e, 700.0) == "NoExecute"
+    rebuilt = engine(rule(effect="NoSchedule", escalate=NOEXEC_LATER))
+    # the API holds the rule with effect NoExecute, timeAdded = 600 (the escalation)
+    rebuilt.seed(GPU, Want("NoExecute", "drahealth.io/unhealthy", "unhealthy", "bad", ""), 600.0)
+    rebuilt.observe(GPU, U, "", 700.0)
+    assert effect(rebuilt, 700.0) == "NoExecute"
+
+
+def test_next_wakeup_reports_a_transition_that_is_already_due() -> None:
+    e = engine(rule(grace=5))
+    e.observe(GPU, U, "", 0.0)
+    e.wants(4.0)
+    due = e.next_wakeup(6.0)  # the controller's clock moved past the grace end
+    assert due is not None and due <= 6.0
+
+
+def test_attribute_values_match_with_their_type() -> None:
+    e = engine(rule(attributes={"mig": True}))
+    e.observe(DeviceFacts("gpu.example.com", "node-1", "gpu-0", "node-1", {"mig": 1}), U, "", 0.0)
+    assert e.wants(0.0) == {}
+
+
+def test_health_change_history_is_bounded() -> None:
+    e = engine(rule(health=frozenset({U}), hysteresis=Hysteresis(5, 30)))
+    for i in range(2000):
+        e.observe(GPU, H if i % 2 else X, "", float(i))
+    assert len(e._devices[KEY].changes) <= 100

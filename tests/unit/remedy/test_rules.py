@@ -11,6 +11,7 @@ from drahealth.remedy._rules import (
     DeviceRef,
     RuleError,
     created_by,
+    is_ours,
     parse_device,
     rule_body,
     rule_name,
@@ -92,10 +93,13 @@ def test_bodies_say_who_created_them() -> None:
         "taint": {"key": DEFAULT_TAINT_KEY, "value": "unhealthy", "effect": "NoExecute"},
     }
     assert ours["metadata"]["annotations"]["drahealth.io/policy-rule"] == "xid"
-    assert created_by(ours) == "controller"
+    assert created_by(ours) == "controller" and is_ours(ours)
     op = rule_body(GPU, key="ops/maint", value="", effect="NoSchedule", by="operator")
     assert created_by(op) == "operator" and "value" not in op["spec"]["taint"]
+    assert not is_ours(op)
     assert created_by({"metadata": {"labels": {"other": "x"}}}) is None
     assert created_by({"metadata": {}}) is None
     with pytest.raises(RuleError, match="taint effect"):
         rule_body(GPU, key="k", value="", effect="Evict")
+    with pytest.raises(RuleError, match="created by 'someone'"):
+        rule_body(GPU, key="k", value="", effect="None", by="someone")
