@@ -11,7 +11,8 @@ change (and at the engine's next deadline) it runs one pass:
    never touched. Rules with effect ``None`` get a dry-run impact summary (devices,
    pods, namespaces NoExecute would hit) in their ``EvictionInProgress`` condition;
 3. in ``eviction.mode: evict``, pods on NoExecute devices that do not tolerate the
-   taint (and are not in an excluded namespace) go to the :class:`Evictor`;
+   taint (and are not in an excluded namespace) go to the :class:`Evictor`, and the
+   rule itself is written NoSchedule so only budget-aware evictions move pods;
 4. recovered devices with a validation hook get it run (exec or HTTP GET) first.
 
 Every action is an Event (on the rule or the pod) and a line in the ConfigMap
@@ -236,7 +237,7 @@ class RemediationController:
                 DeviceRef(key.driver, key.pool, key.device),
                 key=want.key,
                 value=want.value,
-                effect=want.effect,
+                effect=self._written_effect(want.effect),
                 node=f.node,
                 policy_rule=want.rule,
                 reason=want.reason,
@@ -271,6 +272,14 @@ class RemediationController:
         for name, rule in sorted(existing.items()):
             if name not in desired:
                 await self._write_rule("delete", _dict(rule))
+
+    def _written_effect(self, effect: str) -> str:
+        """In eviction mode pods leave through PDB-aware evictions, so the rule says
+        NoSchedule: a NoExecute rule would let the cluster's taint eviction controller
+        delete the same pods without asking their budgets."""
+        if effect == "NoExecute" and self.policy.eviction.mode == "evict":
+            return "NoSchedule"
+        return effect
 
     async def _write_rule(self, action: str, body: JSON) -> bool:
         name = body["metadata"]["name"]

@@ -245,6 +245,8 @@ async def test_eviction_mode_waits_for_the_disruption_budget(client: AsyncClient
             ]
 
         events = await eventually(blocked, 5.0, "an EvictionBlocked event")
+        (rule,) = [r for n, r in (await rules(client)).items() if n.startswith("dh-")]
+        assert rule.spec.taint.effect == "NoSchedule"  # pods leave by evictions only
         assert "web" in events[0].message and "disruption budget" in events[0].message.lower()
         assert controller.evictor.blocked_pods()
         await client.get(Pod, "web", namespace="default")  # still there
