@@ -7,9 +7,14 @@ moment it last saw the record change (server timestamps are written, never trust
 so clock skew between replicas does not matter). Every write is an update with the
 read ``resourceVersion``: of two racing candidates the API server accepts one and
 answers 409 to the other, so there are never two leaders. A leader renews every
-``retry_period`` and steps down when it could not renew for ``renew_deadline``;
-stepping down cancels the leader's work before anything else happens. On a clean
-stop the leader releases the Lease so a standby takes over within one retry period.
+``retry_period`` and steps down when it could not renew for ``renew_deadline``
+(a renewal that hangs is abandoned when the deadline passes, and a renewal counts
+from when it was sent, so a leader never outlives the lease others see); stepping
+down cancels the leader's work before anything else happens. On a clean stop the
+leader releases the Lease so a standby takes over within one retry period. Errors
+talking to the API server (refused connections, timeouts, undecodable answers) are
+logged and retried, never raised; a Lease with missing or nonsensical fields is
+treated as expired and overwritten, with a warning.
 """
 
 from __future__ import annotations
@@ -102,15 +107,17 @@ class LeaderElector:
     async def run(self, lead: Callable[[], Awaitable[None]]) -> None:
         """Campaign forever; while leading, ``lead()`` runs and is cancelled on loss.
 
-        If ``lead()`` returns or raises, leadership is released and the campaign goes
-        on. Cancelling ``run`` stops ``lead()`` and releases the Lease.
+        ``lead()`` starting means this replica leads; its cancellation means it lost
+        the Lease and must stop acting. If ``lead()`` returns or raises, leadership is
+        released and the campaign goes on. Cancelling ``run`` stops ``lead()`` first
+        and then releases the Lease (bounded by ``renew_deadline``).
         """
         tasks: list[asyncio.Task[None]] = []
         try:
             while True:
-                await self._acquire()
+                since = await self._acquire()
                 work = asyncio.create_task(self._guarded(lead), name=f"leading-{self.name}")
-                renew = asyncio.create_task(self._renew(), name=f"renew-{self.name}")
+                renew = asyncio.create_task(self._renew(since), name=f"renew-{self.name}")
                 tasks = [work, renew]
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                 self.is_leader = False
@@ -123,7 +130,7 @@ class LeaderElector:
             await asyncio.shield(cancel_and_wait(tasks))  # the work stops before the lease is freed
             if self.leader == self.identity:
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(self._release())
+                    await asyncio.shield(asyncio.wait_for(self._release(), self.renew_deadline))
 
     async def _guarded(self, lead: Callable[[], Awaitable[None]]) -> None:
         try:
@@ -133,24 +140,42 @@ class LeaderElector:
         except Exception:
             log.exception("leader work of %s failed; releasing the lease", self.identity)
 
-    async def _acquire(self) -> None:
+    async def _acquire(self) -> float:
+        """Try until this candidate holds the Lease; return when the winning write was sent."""
         while True:
-            if await self._try_acquire_or_renew():
+            sent = self._clock()
+            if await self._attempt():
                 self.is_leader = True
                 self.transitions += 1
                 log.info("%s became the leader of lease %s", self.identity, self._ref())
-                return
+                return sent
             await asyncio.sleep(self.retry_period * (1.0 + 0.2 * random.random()))
 
-    async def _renew(self) -> None:
-        last_ok = self._clock()
+    async def _renew(self, last_ok: float) -> None:
+        """Renew every retry period; return (stepping down) once the deadline is missed."""
         while True:
             await asyncio.sleep(self.retry_period)
-            if await self._try_acquire_or_renew():
-                last_ok = self._clock()
+            sent = self._clock()
+            left = last_ok + self.renew_deadline - sent
+            ok = False
+            if left > 0:
+                try:
+                    ok = await asyncio.wait_for(self._attempt(), left)
+                except TimeoutError:
+                    log.warning("renewing lease %s timed out", self._ref())
+            if ok:
+                last_ok = sent
             elif not self.is_leader or self._clock() - last_ok >= self.renew_deadline:
                 log.warning("%s lost the lease %s", self.identity, self._ref())
                 return
+
+    async def _attempt(self) -> bool:
+        """One acquire-or-renew round trip; transport and decoding errors count as failure."""
+        try:
+            return await self._try_acquire_or_renew()
+        except Exception as exc:  # connection refused, reset, undecodable body, ...
+            log.warning("lease %s: %s: %s", self._ref(), type(exc).__name__, exc)
+            return False
 
     # -- one attempt -------------------------------------------------------------------
 
@@ -165,24 +190,34 @@ class LeaderElector:
             return await self._create(now)
         spec = lease.spec
         holder = (spec.holderIdentity if spec else None) or ""
+        duration = spec.leaseDurationSeconds if spec else None
         record = (
             holder,
             spec.renewTime if spec else None,
             spec.leaseTransitions if spec else None,
-            spec.leaseDurationSeconds if spec else None,
+            duration,
+            spec.acquireTime if spec else None,
         )
         if record != self._observed:
             self._observed, self._observed_at = record, self._clock()
+            if holder != (self.leader or "") and holder != self.identity:
+                log.info("lease %s is held by %r", self._ref(), holder or None)
         self.leader = holder or None
-        duration = (spec.leaseDurationSeconds if spec else None) or self.lease_duration
-        if (
-            holder
-            and holder != self.identity
-            and self._observed_at + float(duration) > self._clock()
-        ):
-            self.is_leader = False
-            return False
+        if holder and holder != self.identity:
+            if duration is None or duration <= 0:
+                log.warning(
+                    "lease %s held by %r has leaseDurationSeconds %r; treating it as expired",
+                    self._ref(),
+                    holder,
+                    duration,
+                )
+            elif self._observed_at + float(duration) > self._clock():
+                self.is_leader = False
+                return False
         transitions = (spec.leaseTransitions if spec else None) or 0
+        if transitions < 0:
+            log.warning("lease %s has leaseTransitions %d; resetting", self._ref(), transitions)
+            transitions = 0
         acquire = spec.acquireTime if spec else None
         if holder != self.identity:
             transitions += 1
