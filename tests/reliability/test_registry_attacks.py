@@ -1,0 +1,100 @@
+"""Hostile plugin registry directories: the watcher stays correct and responsive.
+
+1,000 sockets created at once that nobody answers, symlinks pointing outside the
+directory, names and endpoints trying path traversal, a plugin that accepts and never
+answers: the one real plugin beside them is still registered within seconds, nothing
+hostile is registered, and nothing crashes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from drahealth.driver._plugin import start as start_plugin
+from tests.integration.node.test_watcher import (
+    DRIVER,
+    RawPlugin,
+    RecordingHandler,
+    TinyDriver,
+    eventually,
+    make_base,
+    plugin_options,
+    raw_info,
+    serve,
+    watching,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def dirs() -> Iterator[tuple[str, str]]:
+    base, registry = make_base("dra-")
+    try:
+        yield base, registry
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def dead_sockets(registry: str, count: int) -> list[socket.socket]:
+    """Bound unix sockets that never listen: every dial is refused."""
+    out = []
+    for i in range(count):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(os.path.join(registry, f"junk-{i:04d}-reg.sock"))
+        out.append(s)
+    return out
+
+
+async def test_a_real_plugin_registers_among_1000_dead_sockets_and_hostile_entries(
+    dirs: tuple[str, str],
+) -> None:
+    base, registry = dirs
+    junk = dead_sockets(registry, 1000)
+    outside = os.path.join(base, "outside.sock")
+    out_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    out_sock.bind(outside)
+    out_sock.listen()
+    os.symlink(outside, os.path.join(registry, "escape-reg.sock"))  # points out of the dir
+    os.symlink("/etc/passwd", os.path.join(registry, "passwd-reg.sock"))
+    os.mkdir(os.path.join(registry, "..hidden"))
+    write(os.path.join(registry, "not-a-socket-reg.sock"), "x")
+    handler = RecordingHandler()
+    traversal = RawPlugin(raw_info("evil.example.com", f"{base}/plugins/../../../etc/evil.sock"))
+    silent = RawPlugin(raw_info("slow.example.com", f"{base}/plugins/slow.sock"), hang=True)
+    handle = await start_plugin(TinyDriver(), plugin_options(base))
+    t0 = time.monotonic()
+    try:
+        async with (
+            serve(os.path.join(registry, "evil-reg.sock"), traversal),
+            serve(os.path.join(registry, "slow-reg.sock"), silent),
+            watching(registry, handler, probe_interval=0.2) as watcher,
+        ):
+            await eventually(
+                lambda: handler.count("register") >= 1, within=30, what="the real plugin"
+            )
+            took = time.monotonic() - t0
+            print(f"\nreal plugin registered {took:.2f} s after start among 1,000 dead sockets")
+            assert [info.driver for kind, info in handler.calls if kind == "register"] == [DRIVER]
+            assert set(watcher.registered) == {f"{registry}/{DRIVER}-reg.sock"}
+            # the traversal endpoint was refused with the upstream text
+            await eventually(lambda: traversal.statuses != [], within=10, what="refusal")
+            registered, error = traversal.statuses[0]
+            assert not registered and "is not inside the kubelet root directory" in error
+            assert took < 30
+    finally:
+        await handle.stop(0)
+        out_sock.close()
+        for s in junk:
+            s.close()
