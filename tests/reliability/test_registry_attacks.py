@@ -9,10 +9,8 @@ hostile is registered, and nothing crashes.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -22,24 +20,17 @@ from tests.integration.node.test_watcher import (
     RawPlugin,
     RecordingHandler,
     TinyDriver,
+    dirs,
     eventually,
-    make_base,
     plugin_options,
     raw_info,
     serve,
     watching,
 )
 
+__all__ = ["dirs"]
+
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def dirs() -> Iterator[tuple[str, str]]:
-    base, registry = make_base("dra-")
-    try:
-        yield base, registry
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def write(path: str, text: str) -> None:
