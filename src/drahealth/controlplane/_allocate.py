@@ -28,6 +28,8 @@ import celpy
 from celpy.adapter import json_to_cel
 from celpy.celparser import CELParseError
 
+from drahealth.core._taints import Taint, tolerated
+
 __all__ = ["AllocationError", "Device", "Taint", "allocate", "devices_from_slices", "tolerated"]
 
 JSON = dict[str, Any]
@@ -35,13 +37,6 @@ JSON = dict[str, Any]
 
 class AllocationError(Exception):
     """The claim cannot be allocated now; the text says which request and why."""
-
-
-@dataclass(frozen=True, slots=True)
-class Taint:
-    key: str
-    value: str
-    effect: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,21 +138,6 @@ def _selectors(selectors: Iterable[Any]) -> list[str]:
         if expr:
             out.append(str(expr))
     return out
-
-
-def tolerated(taint: Taint, tolerations: Iterable[Any]) -> bool:
-    """Whether ``tolerations`` (DeviceToleration dicts) tolerate ``taint``."""
-    for t in tolerations:
-        if not isinstance(t, dict):
-            continue
-        if t.get("effect") and t.get("effect") != taint.effect:
-            continue
-        if t.get("operator") == "Exists":
-            if not t.get("key") or t.get("key") == taint.key:
-                return True
-        elif t.get("key") == taint.key and str(t.get("value") or "") == taint.value:
-            return True
-    return False
 
 
 @dataclass(slots=True)

@@ -37,11 +37,11 @@ from lightkube.types import PatchType
 from drahealth.controlplane._allocate import (
     AllocationError,
     Device,
-    Taint,
     allocate,
     devices_from_slices,
 )
 from drahealth.controlplane._loop import as_dict, reconcile_loop
+from drahealth.core._taints import Taint, selects
 from drahealth.kube import Reflector
 
 __all__ = ["SchedulerStandIn", "rule_taints"]
@@ -61,8 +61,6 @@ def rule_taints(rules: list[JSON], effects: tuple[str, ...]) -> Any:
         if taint.get("effect") not in effects:
             continue
         sel = spec.get("deviceSelector")
-        if sel is None:
-            continue  # nil selector: no device
         selected.append(
             (
                 sel,
@@ -71,14 +69,7 @@ def rule_taints(rules: list[JSON], effects: tuple[str, ...]) -> Any:
         )
 
     def taints(d: Device) -> list[Taint]:
-        return [
-            t
-            for sel, t in selected
-            if all(
-                sel.get(f) in (None, "", v)
-                for f, v in (("driver", d.driver), ("pool", d.pool), ("device", d.name))
-            )
-        ]
+        return [t for sel, t in selected if selects(sel, d.driver, d.pool, d.name)]
 
     return taints
 

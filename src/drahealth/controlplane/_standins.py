@@ -31,9 +31,10 @@ from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim, Reso
 from lightkube.types import PatchType
 
 from drahealth._aio import cancel_and_wait
-from drahealth.controlplane._allocate import Device, Taint, devices_from_slices, tolerated
+from drahealth.controlplane._allocate import Device, devices_from_slices
 from drahealth.controlplane._loop import as_dict, reconcile_loop
 from drahealth.controlplane._scheduler import SchedulerStandIn, rule_taints
+from drahealth.core._taints import Taint, request_tolerations, selects, tolerated
 from drahealth.kube import Reflector
 
 __all__ = ["ReplicaSetStandIn", "StandIns", "TaintEvictionStandIn"]
@@ -153,7 +154,7 @@ class TaintEvictionStandIn:
                 key = (r["driver"], r["pool"], r["device"])
                 device = devices.get(key) or Device(*key, node="")
                 taints = [t for t in device.taints if t.effect == "NoExecute"] + from_rules(device)
-                tolerations = _tolerations(c, str(r.get("request", "")))
+                tolerations = request_tolerations(c, str(r.get("request", "")))
                 for t in taints:
                     if not tolerated(t, tolerations):
                         why = f"device {'/'.join(key)} has the NoExecute taint {t.key}={t.value}"
@@ -197,24 +198,10 @@ class TaintEvictionStandIn:
 def _from_rule(rule: JSON, device: tuple[str, str, str], taint: Taint) -> bool:
     """Whether ``rule`` selects ``device`` and carries ``taint``."""
     spec = rule.get("spec") or {}
-    sel, own = spec.get("deviceSelector"), spec.get("taint") or {}
-    if sel is None or (own.get("key"), own.get("effect")) != (taint.key, taint.effect):
+    own = spec.get("taint") or {}
+    if (own.get("key"), own.get("effect")) != (taint.key, taint.effect):
         return False
-    fields = zip(("driver", "pool", "device"), device, strict=True)
-    return all(sel.get(f) in (None, "", v) for f, v in fields)
-
-
-def _tolerations(claim: JSON, request: str) -> list[Any]:
-    top, _, sub = request.partition("/")
-    for req in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
-        if req.get("name") != top:
-            continue
-        if sub:
-            for s in req.get("firstAvailable") or []:
-                if s.get("name") == sub:
-                    return list(s.get("tolerations") or [])
-        return list((req.get("exactly") or {}).get("tolerations") or [])
-    return []
+    return selects(spec.get("deviceSelector"), *device)
 
 
 def _toleration_seconds(taint: Taint, tolerations: list[Any]) -> int | None:

@@ -47,6 +47,7 @@ from drahealth._aio import cancel_and_wait
 from drahealth.core import DeviceKey, Health
 from drahealth.core._policy import DeviceFacts, Policy, Validate
 from drahealth.core._remedy_engine import RemedyEngine, Want
+from drahealth.core._taints import Taint, request_tolerations, tolerated
 from drahealth.kube import Reflector, write_configmap_data
 from drahealth.remedy._evict import Evictor
 from drahealth.remedy._metrics import ControllerMetrics
@@ -60,7 +61,7 @@ from drahealth.remedy._rules import (
     is_ours,
     rule_body,
 )
-from drahealth.remedy._view import Consumer, consumers, device_facts, observations, tolerates
+from drahealth.remedy._view import Consumer, consumers, device_facts, observations
 
 __all__ = ["HISTORY_CONFIGMAP", "RemediationController"]
 
@@ -390,7 +391,8 @@ class RemediationController:
                 if pod.namespace in self.policy.exclude_namespaces:
                     continue
                 claim = by_name.get((pod.namespace, pod.claim), {})
-                if tolerates(claim, pod.request, want.key, want.value, want.effect):
+                taint = Taint(want.key, want.value, want.effect)
+                if tolerated(taint, request_tolerations(claim, pod.request)):
                     continue
                 out.append((pod, f"device {key} is tainted {want.key}={want.value}:NoExecute"))
         self.evictor.want(out)

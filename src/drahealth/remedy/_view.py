@@ -8,8 +8,7 @@ every pass:
   and from pods' ``allocatedResourcesStatus`` (what any kubelet or agent writes); the
   ConfigMap wins where both speak, pods' entries are merged worst-first;
 * :func:`device_facts`: driver, pool, device, node and attributes from ResourceSlices;
-* :func:`consumers`: the live pods whose allocated claims hold a device, and whether
-  the claim's request tolerates a given taint.
+* :func:`consumers`: the live pods whose allocated claims hold a device.
 
 A pod status entry names a claim (``claim:<name>[/<request>]``) and a resourceID; the
 device is found among the claim's allocation results for that request: the resourceID
@@ -34,7 +33,6 @@ __all__ = [
     "consumers",
     "device_facts",
     "observations",
-    "tolerates",
 ]
 
 JSON = dict[str, Any]
@@ -242,26 +240,3 @@ def consumers(pods: Iterable[JSON], claims: Iterable[JSON]) -> dict[DeviceKey, l
                     )
                 )
     return out
-
-
-def tolerates(claim: JSON, request: str, key: str, value: str, effect: str) -> bool:
-    """Whether the claim's ``request`` tolerates the taint (request tolerations, KEP-5055)."""
-    top = request.partition("/")[0]
-    for req in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
-        if not isinstance(req, dict) or req.get("name") != top:
-            continue
-        tolerations = list((req.get("exactly") or {}).get("tolerations") or [])
-        for sub in req.get("firstAvailable") or []:
-            if isinstance(sub, dict) and request.endswith("/" + str(sub.get("name"))):
-                tolerations += sub.get("tolerations") or []
-        for t in tolerations:
-            if not isinstance(t, dict):
-                continue
-            if t.get("effect") and t.get("effect") != effect:
-                continue
-            if t.get("operator") == "Exists":
-                if not t.get("key") or t.get("key") == key:
-                    return True
-            elif t.get("key") == key and (t.get("value") or "") == value:
-                return True
-    return False
