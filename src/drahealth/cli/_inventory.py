@@ -9,18 +9,18 @@ device-health ConfigMaps, pods, ResourceClaims, ResourceSlices and DeviceTaintRu
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable
 from typing import Any
 
 from drahealth.core import DeviceKey
 from drahealth.remedy._view import (
     claims_by_name,
     consumers,
+    device_taints,
     observations,
     pod_claim_names,
 )
 
-__all__ = ["device_rows", "device_taints", "pod_rows"]
+__all__ = ["device_rows", "pod_rows"]
 
 JSON = dict[str, Any]
 
@@ -42,41 +42,6 @@ def _timestamp(value: Any) -> float | None:
         return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
-
-
-def device_taints(rules: Iterable[JSON], slices: Iterable[JSON]) -> dict[DeviceKey, list[JSON]]:
-    out: dict[DeviceKey, list[JSON]] = {}
-    for rule in rules:
-        spec = rule.get("spec") or {}
-        sel, taint = spec.get("deviceSelector") or {}, spec.get("taint") or {}
-        if not (sel.get("driver") and sel.get("pool") and sel.get("device")):
-            continue  # a rule for many devices is listed by `kubectl get devicetaintrules`
-        key = DeviceKey(sel["driver"], sel["pool"], sel["device"])
-        out.setdefault(key, []).append(
-            {
-                "source": f"devicetaintrule/{(rule.get('metadata') or {}).get('name')}",
-                "key": taint.get("key", ""),
-                "value": taint.get("value", ""),
-                "effect": taint.get("effect", ""),
-                "since": taint.get("timeAdded", ""),
-            }
-        )
-    for s in slices:
-        spec = s.get("spec") or {}
-        pool = (spec.get("pool") or {}).get("name", "")
-        for d in spec.get("devices") or []:
-            for taint in d.get("taints") or []:
-                key = DeviceKey(spec.get("driver", ""), pool, d.get("name", ""))
-                out.setdefault(key, []).append(
-                    {
-                        "source": f"resourceslice/{(s.get('metadata') or {}).get('name')}",
-                        "key": taint.get("key", ""),
-                        "value": taint.get("value", ""),
-                        "effect": taint.get("effect", ""),
-                        "since": taint.get("timeAdded", ""),
-                    }
-                )
-    return out
 
 
 def device_rows(

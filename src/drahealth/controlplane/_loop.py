@@ -1,8 +1,7 @@
 """The loop every stand-in controller runs: reflectors in, one pass per change.
 
 Owns :func:`reconcile_loop` (start the reflectors, wait for their first LIST, then run
-``step`` after every change, at least once a second, logging API errors and going on)
-and :func:`as_dict`.
+``step`` after every change, at least once a second, logging API errors and going on).
 """
 
 from __future__ import annotations
@@ -17,15 +16,9 @@ from lightkube import ApiError
 
 from drahealth.kube import Reflector
 
-__all__ = ["as_dict", "reconcile_loop"]
+__all__ = ["reconcile_loop"]
 
 log = logging.getLogger(__name__)
-
-
-def as_dict(obj: Any) -> dict[str, Any]:
-    out = obj.to_dict()
-    assert isinstance(out, dict)
-    return out
 
 
 async def reconcile_loop(

@@ -40,9 +40,9 @@ from drahealth.controlplane._allocate import (
     allocate,
     devices_from_slices,
 )
-from drahealth.controlplane._loop import as_dict, reconcile_loop
+from drahealth.controlplane._loop import reconcile_loop
 from drahealth.core._taints import Taint, selects
-from drahealth.kube import Reflector
+from drahealth.kube import Reflector, as_dict
 
 __all__ = ["SchedulerStandIn", "rule_taints"]
 
@@ -105,7 +105,7 @@ class SchedulerStandIn:
         await reconcile_loop(reflectors, self.pass_once, "scheduler stand-in")
 
     async def pass_once(self) -> None:
-        pods = [as_dict(p) for p in self.pods.store.list()]
+        pods = self.pods.store.dicts()
         live = {
             str(p["metadata"].get("uid"))
             for p in pods
@@ -123,7 +123,7 @@ class SchedulerStandIn:
 
     async def _release(self, live: set[str]) -> None:
         existing = {str(p.metadata.uid) for p in self.pods.store.list() if p.metadata}
-        for c in [as_dict(c) for c in self.claims.store.list()]:
+        for c in self.claims.store.dicts():
             meta, status = c["metadata"], c.get("status") or {}
             owners = [o for o in meta.get("ownerReferences") or [] if o.get("kind") == "Pod"]
             if owners and not any(o.get("uid") in existing for o in owners):
@@ -208,7 +208,7 @@ class SchedulerStandIn:
         if missing:
             self._unschedulable(pod, f"ResourceClaim {missing[0]} not found")
             return
-        all_claims = [as_dict(c) for c in self.claims.store.list()]
+        all_claims = self.claims.store.dicts()
         in_use = {
             (r["driver"], r["pool"], r["device"])
             for c in all_claims
@@ -218,13 +218,11 @@ class SchedulerStandIn:
             or []
             if not r.get("adminAccess")
         }
-        devices = devices_from_slices(as_dict(s) for s in self.slices.store.list())
+        devices = devices_from_slices(self.slices.store.dicts())
         classes = {
             str(c.metadata.name): as_dict(c) for c in self.classes.store.list() if c.metadata
         }
-        taints = rule_taints(
-            [as_dict(r) for r in self.rules.store.list()], ("NoSchedule", "NoExecute")
-        )
+        taints = rule_taints(self.rules.store.dicts(), ("NoSchedule", "NoExecute"))
         node: str | None = None
         plans: list[tuple[JSON, list[JSON]]] = []
         for claim_obj in claims.values():

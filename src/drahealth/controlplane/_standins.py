@@ -32,10 +32,10 @@ from lightkube.types import PatchType
 
 from drahealth._aio import cancel_and_wait
 from drahealth.controlplane._allocate import Device, devices_from_slices
-from drahealth.controlplane._loop import as_dict, reconcile_loop
+from drahealth.controlplane._loop import reconcile_loop
 from drahealth.controlplane._scheduler import SchedulerStandIn, rule_taints
 from drahealth.core._taints import Taint, request_tolerations, selects, tolerated
-from drahealth.kube import Reflector
+from drahealth.kube import Reflector, as_dict
 
 __all__ = ["ReplicaSetStandIn", "StandIns", "TaintEvictionStandIn"]
 
@@ -76,10 +76,8 @@ class TaintEvictionStandIn:
         )
 
     async def pass_once(self) -> None:
-        devices = {
-            d.key: d for d in devices_from_slices(as_dict(s) for s in self.slices.store.list())
-        }
-        rules = [as_dict(r) for r in self.rules.store.list()]
+        devices = {d.key: d for d in devices_from_slices(self.slices.store.dicts())}
+        rules = self.rules.store.dicts()
         from_rules = rule_taints(rules, ("NoExecute",))
         added = {
             (r["spec"]["taint"]["key"], r["spec"]["taint"].get("effect")): r["spec"]["taint"].get(
@@ -89,7 +87,7 @@ class TaintEvictionStandIn:
             if (r.get("spec") or {}).get("taint")
         }
         now = datetime.datetime.now(datetime.UTC)
-        for pod in [as_dict(p) for p in self.pods.store.list()]:
+        for pod in self.pods.store.dicts():
             if not _live(pod):
                 continue
             found = self._eviction_reason(pod, devices, from_rules, added, now)
@@ -231,8 +229,8 @@ class ReplicaSetStandIn:
         await reconcile_loop([self.sets, self.pods], self.pass_once, "replicasets")
 
     async def pass_once(self) -> None:
-        pods = [as_dict(p) for p in self.pods.store.list()]
-        for rs in [as_dict(r) for r in self.sets.store.list()]:
+        pods = self.pods.store.dicts()
+        for rs in self.sets.store.dicts():
             meta, spec = rs["metadata"], rs.get("spec") or {}
             owned = [p for p in pods if _owned_by(p, meta)]
             live = sorted((p for p in owned if _live(p)), key=lambda p: p["metadata"]["name"])

@@ -47,6 +47,7 @@ __all__ = [
     "ReflectorEvent",
     "Store",
     "WatchErrorEvent",
+    "as_dict",
     "object_key",
     "resource_version",
     "rv_newer",
@@ -291,9 +292,20 @@ class Store(Generic[T]):
     def __repr__(self) -> str:
         return f"Store({len(self._objects)} objects)"
 
+    def dicts(self) -> list[dict[str, Any]]:
+        """All cached objects as plain dicts (``to_dict()``), sorted like :meth:`list`."""
+        return [as_dict(o) for o in self.list()]
+
     def list(self) -> list[T]:
         """All cached objects, sorted by ``(namespace, name)``."""
         return [self._objects[k] for k in sorted(self._objects)]
+
+
+def as_dict(obj: Any) -> dict[str, Any]:
+    """A lightkube object as the plain dict its ``to_dict()`` gives."""
+    out = obj.to_dict()
+    assert isinstance(out, dict)
+    return out
 
 
 # --------------------------------------------------------------------------- I/O shell

@@ -48,7 +48,7 @@ from drahealth.core import DeviceKey, Health
 from drahealth.core._policy import DeviceFacts, Policy, Validate
 from drahealth.core._remedy_engine import RemedyEngine, Want
 from drahealth.core._taints import Taint, request_tolerations, tolerated
-from drahealth.kube import Reflector, write_configmap_data
+from drahealth.kube import Reflector, as_dict, write_configmap_data
 from drahealth.remedy._evict import Evictor
 from drahealth.remedy._metrics import ControllerMetrics
 from drahealth.remedy._rules import (
@@ -75,12 +75,6 @@ JSON = dict[str, Any]
 
 def _now_text() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _dict(obj: Any) -> JSON:
-    out = obj.to_dict()
-    assert isinstance(out, dict)
-    return out
 
 
 class RemediationController:
@@ -175,10 +169,10 @@ class RemediationController:
     async def reconcile(self) -> None:
         self.passes += 1
         now = self._clock()
-        pods = [_dict(p) for p in self.pods.store.list()]
-        claims = [_dict(c) for c in self.claims.store.list()]
-        facts = device_facts(_dict(s) for s in self.slices.store.list())
-        seen = observations((_dict(c) for c in self.health.store.list()), pods, claims)
+        pods = self.pods.store.dicts()
+        claims = self.claims.store.dicts()
+        facts = device_facts(self.slices.store.dicts())
+        seen = observations(self.health.store.dicts(), pods, claims)
         for key, obs in seen.items():
             f = facts.get(key) or DeviceFacts(key.driver, key.pool, key.device, obs.node)
             if not f.node and obs.node:
@@ -263,7 +257,7 @@ class RemediationController:
                     taint["effect"],
                     taint.get("value", ""),
                 ):
-                    updated = _dict(current)
+                    updated = as_dict(current)
                     updated["spec"]["taint"] = {**(updated["spec"].get("taint") or {}), **taint}
                     updated["spec"]["taint"].pop("timeAdded", None)
                     updated["metadata"]["annotations"] = body["metadata"]["annotations"]
@@ -272,7 +266,7 @@ class RemediationController:
                 await self._impact_summary(name, key, users)
         for name, rule in sorted(existing.items()):
             if name not in desired:
-                await self._write_rule("delete", _dict(rule))
+                await self._write_rule("delete", as_dict(rule))
 
     def _written_effect(self, effect: str) -> str:
         """In eviction mode pods leave through PDB-aware evictions, so the rule says

@@ -8,7 +8,9 @@ every pass:
   and from pods' ``allocatedResourcesStatus`` (what any kubelet or agent writes); the
   ConfigMap wins where both speak, pods' entries are merged worst-first;
 * :func:`device_facts`: driver, pool, device, node and attributes from ResourceSlices;
-* :func:`consumers`: the live pods whose allocated claims hold a device.
+* :func:`consumers`: the live pods whose allocated claims hold a device;
+* :func:`device_taints`: the taints on each device, from DeviceTaintRules that name one
+  device and from ResourceSlices, with where each comes from.
 
 A pod status entry names a claim (``claim:<name>[/<request>]``) and a resourceID; the
 device is found among the claim's allocation results for that request: the resourceID
@@ -32,6 +34,7 @@ __all__ = [
     "Observation",
     "consumers",
     "device_facts",
+    "device_taints",
     "observations",
 ]
 
@@ -238,5 +241,40 @@ def consumers(pods: Iterable[JSON], claims: Iterable[JSON]) -> dict[DeviceKey, l
                         claim_name,
                         str(r.get("request") or ""),
                     )
+                )
+    return out
+
+
+def device_taints(rules: Iterable[JSON], slices: Iterable[JSON]) -> dict[DeviceKey, list[JSON]]:
+    out: dict[DeviceKey, list[JSON]] = {}
+    for rule in rules:
+        spec = rule.get("spec") or {}
+        sel, taint = spec.get("deviceSelector") or {}, spec.get("taint") or {}
+        if not (sel.get("driver") and sel.get("pool") and sel.get("device")):
+            continue  # a rule for many devices is listed by `kubectl get devicetaintrules`
+        key = DeviceKey(sel["driver"], sel["pool"], sel["device"])
+        out.setdefault(key, []).append(
+            {
+                "source": f"devicetaintrule/{(rule.get('metadata') or {}).get('name')}",
+                "key": taint.get("key", ""),
+                "value": taint.get("value", ""),
+                "effect": taint.get("effect", ""),
+                "since": taint.get("timeAdded", ""),
+            }
+        )
+    for s in slices:
+        spec = s.get("spec") or {}
+        pool = (spec.get("pool") or {}).get("name", "")
+        for d in spec.get("devices") or []:
+            for taint in d.get("taints") or []:
+                key = DeviceKey(spec.get("driver", ""), pool, d.get("name", ""))
+                out.setdefault(key, []).append(
+                    {
+                        "source": f"resourceslice/{(s.get('metadata') or {}).get('name')}",
+                        "key": taint.get("key", ""),
+                        "value": taint.get("value", ""),
+                        "effect": taint.get("effect", ""),
+                        "since": taint.get("timeAdded", ""),
+                    }
                 )
     return out

@@ -30,10 +30,6 @@ __all__ = ["Dashboard"]
 log = logging.getLogger(__name__)
 
 
-def _dicts(reflector: Reflector[Any]) -> list[dict[str, Any]]:
-    return [o.to_dict() for o in reflector.store.list()]
-
-
 class Dashboard:
     """See the module docstring. ``start()`` returns once the first snapshot is built."""
 
@@ -97,9 +93,8 @@ class Dashboard:
     def _refresh(self) -> None:
         r = self.reflectors
         state = snapshot(
-            _dicts(r["health"]), _dicts(r["pods"]), _dicts(r["claims"]), _dicts(r["slices"]),
-            _dicts(r["rules"]),
-        )  # fmt: skip
+            *(r[k].store.dicts() for k in ("health", "pods", "claims", "slices", "rules"))
+        )
         text = json.dumps(state, separators=(",", ":"))
         if text != self._text:
             self.state, self._text = state, text

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from drahealth.cli._inventory import device_taints
 from drahealth.core import DeviceKey
-from drahealth.remedy._view import consumers, observations
+from drahealth.remedy._view import consumers, device_taints, observations
 
 __all__ = ["snapshot"]
 
