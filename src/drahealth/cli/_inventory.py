@@ -18,6 +18,7 @@ from drahealth.remedy._view import (
     device_taints,
     observations,
     pod_claim_names,
+    pod_observations,
 )
 
 __all__ = ["device_rows", "pod_rows"]
@@ -92,17 +93,6 @@ def device_rows(
     return sorted(rows, key=lambda r: (r["node"], r["device"]))
 
 
-def _match(ids: dict[str, tuple[str, str]], result: JSON, only: bool) -> tuple[str, str]:
-    """The pod-status health of one allocated device (see remedy._view for the rules)."""
-    exact = ids.get(f"{result.get('driver')}/{result.get('pool')}/{result.get('device')}")
-    if exact is not None:
-        return exact
-    if only and len(ids) == 1:
-        return next(iter(ids.values()))
-    ends = [v for rid, v in ids.items() if rid.endswith("-" + str(result.get("device")))]
-    return ends[0] if len(ends) == 1 else ("", "")
-
-
 def pod_rows(pods: list[JSON], claims: list[JSON]) -> list[JSON]:
     """One row per (pod, device): the claim, the device and its health in the pod status."""
     by_name = claims_by_name(claims)
@@ -110,25 +100,13 @@ def pod_rows(pods: list[JSON], claims: list[JSON]) -> list[JSON]:
     for pod in pods:
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}
         namespace = str(meta.get("namespace") or "default")
-        health: dict[str, dict[str, tuple[str, str]]] = {}  # claim ref -> resourceID -> health
-        statuses = [
-            *(status.get("initContainerStatuses") or []),
-            *(status.get("containerStatuses") or []),
-        ]
-        for cs in statuses:
-            for entry in cs.get("allocatedResourcesStatus") or []:
-                ref = str(entry.get("name", "")).removeprefix("claim:").partition("/")[0]
-                for res in entry.get("resources") or []:
-                    health.setdefault(ref, {})[str(res.get("resourceID"))] = (
-                        str(res.get("health") or ""),
-                        str(res.get("message") or ""),
-                    )
-        for ref, claim_name in sorted(pod_claim_names(pod).items()):
+        seen = dict(pod_observations(pod, by_name))  # the same resolution the controller uses
+        for claim_name in sorted(pod_claim_names(pod).values()):
             claim = by_name.get((namespace, claim_name)) or {}
             allocation = (claim.get("status") or {}).get("allocation") or {}
-            results = (allocation.get("devices") or {}).get("results") or []
-            for r in results:
-                found = _match(health.get(ref, {}), r, len(results) == 1)
+            for r in (allocation.get("devices") or {}).get("results") or []:
+                key = DeviceKey(str(r.get("driver")), str(r.get("pool")), str(r.get("device")))
+                obs = seen.get(key)
                 rows.append(
                     {
                         "namespace": namespace,
@@ -137,9 +115,9 @@ def pod_rows(pods: list[JSON], claims: list[JSON]) -> list[JSON]:
                         "phase": str(status.get("phase") or ""),
                         "claim": claim_name,
                         "request": str(r.get("request") or ""),
-                        "device": f"{r.get('driver')}/{r.get('pool')}/{r.get('device')}",
-                        "health": found[0] or "-",
-                        "message": found[1],
+                        "device": str(key),
+                        "health": obs.health.value if obs else "-",
+                        "message": obs.message if obs else "",
                     }
                 )
     return sorted(rows, key=lambda r: (r["namespace"], r["pod"], r["device"]))

@@ -36,6 +36,7 @@ __all__ = [
     "device_facts",
     "device_taints",
     "observations",
+    "pod_observations",
 ]
 
 JSON = dict[str, Any]
@@ -82,7 +83,7 @@ def observations(
     out: dict[DeviceKey, Observation] = {}
     by_name = claims_by_name(claims)
     for obj in pods:
-        for key, obs in _pod_observations(obj, by_name):
+        for key, obs in pod_observations(obj, by_name):
             old = out.get(key)
             if old is None or obs.health.severity > old.health.severity:
                 out[key] = obs
@@ -160,9 +161,10 @@ def _resolve(resource_id: str, candidates: list[JSON]) -> JSON | None:
     return ends[0] if len(ends) == 1 else None
 
 
-def _pod_observations(
+def pod_observations(
     pod: JSON, claims: Mapping[tuple[str, str], JSON]
 ) -> Iterable[tuple[DeviceKey, Observation]]:
+    """The devices ``pod``'s status reports on, resolved as the module docstring says."""
     meta, status = _meta(pod), pod.get("status") or {}
     namespace = str(meta.get("namespace") or "default")
     node = str((pod.get("spec") or {}).get("nodeName") or "")
