@@ -290,7 +290,7 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _rss_mb(pid: int) -> float:
+def rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
@@ -307,7 +307,7 @@ async def scale(seconds: float, devices: int = 10_000) -> dict[str, float]:
         end = t0 + seconds
         while time.monotonic() < end:
             await asyncio.sleep(0.5)
-            rss = max(rss, _rss_mb(pid))
+            rss = max(rss, rss_mb(pid))
         share = (_cpu_seconds(pid) - cpu0) / (time.monotonic() - t0)
     return {"cpu_percent": share * 100, "rss_mb": rss}
 

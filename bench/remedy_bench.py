@@ -23,6 +23,7 @@ from lightkube import AsyncClient
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
+from pipeline_bench import pct, rss_mb
 
 from drahealth.controlplane import APIServer
 from drahealth.kube import Reflector, make_client
@@ -40,19 +41,6 @@ rules:
 def write(path: str, text: str) -> None:
     with open(path, "w") as f:
         f.write(text)
-
-
-def pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def status(device: str, pool: str, health: str, message: str = "") -> dict[str, object]:
