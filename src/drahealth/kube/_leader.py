@@ -33,6 +33,7 @@ from lightkube import ApiError, AsyncClient
 from lightkube.resources.coordination_v1 import Lease
 
 from drahealth._aio import cancel_and_wait
+from drahealth.core._checks import positive_seconds
 
 __all__ = ["LeaderElector"]
 
@@ -46,12 +47,6 @@ def _micro_time() -> str:
 
 def _lease(body: dict[str, Any]) -> Lease:
     return cast(Lease, Lease.from_dict(body))
-
-
-def _positive(name: str, value: float) -> float:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
-    return float(value)
 
 
 class LeaderElector:
@@ -78,9 +73,9 @@ class LeaderElector:
             raise ValueError("name must be a non-empty Lease name")
         if not identity:
             raise ValueError("identity must be a non-empty string")
-        self.lease_duration = _positive("lease_duration", lease_duration)
-        self.renew_deadline = _positive("renew_deadline", renew_deadline)
-        self.retry_period = _positive("retry_period", retry_period)
+        self.lease_duration = positive_seconds("lease_duration", lease_duration)
+        self.renew_deadline = positive_seconds("renew_deadline", renew_deadline)
+        self.retry_period = positive_seconds("retry_period", retry_period)
         if self.renew_deadline >= self.lease_duration:
             raise ValueError(
                 f"renew_deadline ({renew_deadline}) must be shorter than "

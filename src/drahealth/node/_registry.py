@@ -41,10 +41,11 @@ import grpc
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from drahealth import api
+from drahealth.core._checks import positive_seconds
 from drahealth.core._records import PreparedDeviceInfo, ReportedDevice
 from drahealth.kube import Backoff
 from drahealth.node._stream import HealthStream, pick_health_service
-from drahealth.node._types import PluginInfo, RegistrationError, positive_seconds
+from drahealth.node._types import PluginInfo, RegistrationError
 from drahealth.node._validation import go_quote_list
 
 __all__ = [

@@ -29,10 +29,10 @@ from typing import Any, Final, Literal
 import grpc
 
 from drahealth import api
+from drahealth.core._checks import positive_seconds
 from drahealth.core._health import Health, truncate_message
 from drahealth.core._records import ReportedDevice
 from drahealth.kube import Backoff
-from drahealth.node._types import positive_seconds
 
 __all__ = ["STREAM_STATES", "HealthStream", "StreamState", "pick_health_service"]
 

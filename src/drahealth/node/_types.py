@@ -2,30 +2,16 @@
 
 Owns :class:`PluginInfo` (what a plugin's ``GetInfo`` said, after validation),
 :class:`RegistrationError` (a refusal whose text goes back to the plugin in
-``NotifyRegistrationStatus``), the :class:`RegistrationHandler` protocol the
-watcher calls, and :func:`positive_seconds`, the check of every duration argument
-of the registry and its streams. No I/O.
+``NotifyRegistrationStatus``) and the :class:`RegistrationHandler` protocol the
+watcher calls. No I/O.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["PluginInfo", "RegistrationError", "RegistrationHandler", "positive_seconds"]
-
-
-def positive_seconds(what: str, value: object) -> float:
-    """``value`` as float seconds; ValueError naming ``what`` unless finite and > 0."""
-    if (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    ):
-        return float(value)
-    raise ValueError(f"{what} must be a finite number of seconds > 0, got {value!r}")
+__all__ = ["PluginInfo", "RegistrationError", "RegistrationHandler"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,7 @@ import grpc
 import watchfiles
 
 from drahealth import api
+from drahealth.core._checks import positive_seconds
 from drahealth.kube import Backoff
 from drahealth.node._types import PluginInfo, RegistrationError, RegistrationHandler
 from drahealth.node._validation import REGISTRATION_FAILED_PREFIX, validate_plugin_info
@@ -85,12 +86,6 @@ class _Entry:
     @property
     def busy(self) -> bool:
         return self.task is not None and not self.task.done()
-
-
-def _positive(name: str, value: float) -> float:
-    if not value > 0:
-        raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
-    return float(value)
 
 
 def _scan_sockets(root: str) -> dict[str, _Ident]:
@@ -171,15 +166,15 @@ class PluginWatcher:
                 raise ValueError(f"allowed root {root!r} must be an absolute path")
         self._roots = tuple(allowed_roots)
         self._handler = handler
-        self._rescan_interval = _positive("rescan_interval", rescan_interval)
-        self._probe_interval = _positive("probe_interval", probe_interval)
+        self._rescan_interval = positive_seconds("rescan_interval", rescan_interval)
+        self._probe_interval = positive_seconds("probe_interval", probe_interval)
         if isinstance(probe_failures, bool) or not isinstance(probe_failures, int):
             raise TypeError(f"probe_failures must be an int, got {probe_failures!r}")
         if probe_failures < 1:
             raise ValueError(f"probe_failures must be >= 1, got {probe_failures}")
         self._probe_failures = probe_failures
-        self._getinfo_timeout = _positive("getinfo_timeout", getinfo_timeout)
-        self._notify_timeout = _positive("notify_timeout", notify_timeout)
+        self._getinfo_timeout = positive_seconds("getinfo_timeout", getinfo_timeout)
+        self._notify_timeout = positive_seconds("notify_timeout", notify_timeout)
         self._notify_enabled = notify
 
         self._entries: dict[str, _Entry] = {}
