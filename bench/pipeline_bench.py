@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import sys
@@ -82,12 +83,19 @@ class World:
     """API server + toolkit plugin (hub) in process, agent as a subprocess."""
 
     def __init__(
-        self, devices: int, timeout: int = 30, *, remote_api: bool = False, agent: bool = True
+        self,
+        devices: int,
+        timeout: int = 30,
+        *,
+        remote_api: bool = False,
+        agent: bool = True,
+        claim_cache: bool = False,
     ) -> None:
         self.base = tempfile.mkdtemp(prefix="dhb-", dir="/tmp")
         self.server = APIServer()
         self.remote_api = remote_api
         self.with_agent = agent
+        self.claim_cache = claim_cache
         self.api_proc: asyncio.subprocess.Process | None = None
         self.devices = [(NODE, f"gpu-{i}") for i in range(devices)]
         self.hub = HealthHub(self.devices, default_timeout_seconds=timeout)
@@ -114,6 +122,7 @@ class World:
         options = PluginOptions(
             DRIVER, node_name=NODE, registry_dir=f"{self.base}/reg",
             plugins_dir=f"{self.base}/plugins", cdi_dir=None, kube_client=self.client,
+            claim_cache=self.claim_cache,
         )  # fmt: skip
         self.handle = await start(NoWorkDriver(), options, health=self.hub)
         if not self.with_agent:
@@ -198,7 +207,10 @@ async def allocated_claim(client: AsyncClient, name: str, device: str) -> None:
     await client.create(ResourceClaim.from_dict(claim))
     result = {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}
     await client.patch(
-        ResourceClaim.Status, name, {"status": {"allocation": {"devices": {"results": [result]}}}},
+        ResourceClaim.Status, name, {"status": {
+            "allocation": {"devices": {"results": [result]}},
+            "reservedFor": [{"resource": "pods", "name": name, "uid": f"pod-{name}"}],
+        }},
         namespace="default", patch_type=PatchType.MERGE,
     )  # fmt: skip
 
@@ -312,42 +324,44 @@ async def scale(seconds: float, devices: int = 10_000) -> dict[str, float]:
     return {"cpu_percent": share * 100, "rss_mb": rss}
 
 
-async def prepare(calls: int = 50, rounds: int = 10) -> dict[str, float]:
-    async with world(calls, remote_api=True, agent=False) as w:
+async def prepare(calls: int = 50, rounds: int = 10, cache: bool = False) -> dict[str, float]:
+    """Prepare latency; ``cache``: the plugin's claim watch cache instead of a GET each."""
+    async with world(calls, remote_api=True, agent=False, claim_cache=cache) as w:
         assert w.client is not None
         client = w.client
         for i in range(calls):
             await allocated_claim(client, f"c{i}", f"gpu-{i}")
+        if cache:  # the claims reach the watch cache before the kubelet would call
+            deadline = time.monotonic() + 10
+            while len(w.handle.preparer._claim_watch.store) < calls:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the claim cache did not fill")
+                await asyncio.sleep(0.01)
         uids = {}
         async for c in client.list(ResourceClaim, namespace="default"):
             assert c.metadata is not None
             uids[str(c.metadata.name)] = str(c.metadata.uid)
-        samples: list[float] = []
-        async with grpc.aio.insecure_channel(f"unix:{w.handle.endpoint}") as ch:
-            stub = api.dra_v1_grpc.DRAPluginStub(ch)
-
-            async def one(i: int) -> None:
-                req = api.dra_v1.NodePrepareResourcesRequest(
-                    claims=[api.dra_v1.Claim(namespace="default", name=f"c{i}", uid=uids[f"c{i}"])]
-                )
-                t0 = time.perf_counter()
-                resp = await stub.NodePrepareResources(req)
-                samples.append(time.perf_counter() - t0)
-                assert not resp.claims[uids[f"c{i}"]].error, resp
-                await stub.NodeUnprepareResources(
-                    api.dra_v1.NodeUnprepareResourcesRequest(claims=req.claims)
-                )
-
-            for _ in range(rounds):
-                await asyncio.gather(*(one(i) for i in range(calls)))
-    return {"p50_ms": pct(samples, 0.5) * 1e3, "p99_ms": pct(samples, 0.99) * 1e3}
+        # the caller is its own process, as the kubelet is
+        job = {"socket": w.handle.endpoint, "rounds": rounds,
+               "claims": [[f"c{i}", uids[f"c{i}"]] for i in range(calls)]}  # fmt: skip
+        caller = await asyncio.create_subprocess_exec(
+            sys.executable, os.path.join(os.path.dirname(__file__), "prepare_client.py"),
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await caller.communicate(json.dumps(job).encode())
+        if caller.returncode != 0:
+            raise RuntimeError(f"the prepare caller failed with exit code {caller.returncode}")
+        samples: list[float] = json.loads(out)
+        hits = w.handle.preparer.cache_hits
+    return {"p50_ms": pct(samples, 0.5) * 1e3, "p99_ms": pct(samples, 0.99) * 1e3, "hits": hits}
 
 
 async def main(quick: bool) -> None:
     print("propagation", await propagation(50 if quick else 200))
     print("expiry", await expiry())
     print("scale", await scale(20 if quick else 120))
-    print("prepare", await prepare(rounds=4 if quick else 20))
+    print("prepare (GET per claim)", await prepare(rounds=4 if quick else 20))
+    print("prepare (claim cache)", await prepare(rounds=4 if quick else 20, cache=True))
 
 
 if __name__ == "__main__":

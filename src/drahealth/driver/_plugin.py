@@ -309,6 +309,7 @@ class PluginHandle:
                 sock.remove()
             await self._dra_server.stop(grace)
             self._dra_socket.remove()
+            await self.preparer.close()
         finally:
             self._stopped.set()
             log.info("DRA plugin %s stopped", self.driver_name)
@@ -361,6 +362,7 @@ async def start(
     except BaseException:
         await dra_server.stop(None)
         dra_socket.remove()
+        await preparer.close()
         raise
     handle = PluginHandle(options, preparer, versions, (dra_server, dra_socket))
 

@@ -9,7 +9,10 @@ nothing of gRPC: the plugin (``_plugin``) converts requests and replies.
 
 Rules, in order, for ``prepare``:
 
-1. Every claim is fetched with a GET, concurrently, outside the lock. A failure
+1. Every claim is fetched with a GET, concurrently, outside the lock (with
+   ``claim_cache`` on, a watch-cache entry with the same UID, an allocation and a
+   reservation is used instead; the kubelet prepares only reserved claims, and an
+   allocation cannot change while the claim is reserved). A failure
    fails only that claim (transient): no API access, GET error, not found, UID
    mismatch ("got replaced"), ``status.allocation`` missing ("is not allocated").
    A claim with no results for this driver is answered with zero devices and never
@@ -63,6 +66,7 @@ from drahealth.driver._types import (
     PrepareResult,
     base_request,
 )
+from drahealth.kube import Reflector
 
 if TYPE_CHECKING:
     from prometheus_client import Counter
@@ -257,6 +261,10 @@ class ClaimPreparer:
         self._state_flock = FileLock(options.checkpoint_path + ".lock") if self._shared else None
         self._claims: dict[str, ClaimEntry] = {}
         self._counter = _make_counter(options)
+        self._claim_watch: Reflector[ResourceClaim] | None = None
+        #: prepares answered from the claim cache / by a GET (``claim_cache`` on)
+        self.cache_hits = 0
+        self.cache_misses = 0
         # calls waiting for the serialization lock, taken along by whoever gets it
         self._prepare_queue: list[tuple[Sequence[Any], asyncio.Future[dict[str, Any]]]] = []
         self._unprepare_queue: list[tuple[Sequence[Any], asyncio.Future[dict[str, Any]]]] = []
@@ -278,6 +286,15 @@ class ClaimPreparer:
         self._claims = await asyncio.to_thread(self._checkpoint.load)
         if self._cdi is not None:
             await asyncio.to_thread(self._cdi.regenerate, self._claims)
+        if self._options.claim_cache and self._client is not None and self._claim_watch is None:
+            self._claim_watch = Reflector(self._client, ResourceClaim, name="claim-cache")
+            await self._claim_watch.start()
+
+    async def close(self) -> None:
+        """Stop the claim cache's watch (if any). Idempotent."""
+        watch, self._claim_watch = self._claim_watch, None
+        if watch is not None:
+            await watch.stop()
 
     # -- prepare -----------------------------------------------------------
 
@@ -308,8 +325,10 @@ class ClaimPreparer:
         where = f"ResourceClaim {ref.namespace}/{ref.name}"
         if self._client is None:
             return ClaimError(f"no Kubernetes API access configured; cannot fetch {where}")
+        claim = self._cached(ref)
         try:
-            claim = await self._client.get(ResourceClaim, ref.name, namespace=ref.namespace)
+            if claim is None:
+                claim = await self._client.get(ResourceClaim, ref.name, namespace=ref.namespace)
         except ApiError as exc:
             if exc.status.code == 404:
                 return ClaimError(f"{where} not found (uid {ref.uid})")
@@ -322,6 +341,23 @@ class ClaimPreparer:
         if claim.status is None or claim.status.allocation is None:
             return ClaimError(f"claim {ref} is not allocated")
         return PreparedClaimRequest(claim, resolve_results(claim, self._options.driver_name))
+
+    def _cached(self, ref: ClaimRef) -> ResourceClaim | None:
+        if self._claim_watch is None:
+            return None
+        claim = self._claim_watch.store.get(ref.namespace, ref.name)
+        if (
+            claim is not None
+            and claim.metadata is not None
+            and claim.metadata.uid == ref.uid
+            and claim.status is not None
+            and claim.status.allocation is not None
+            and claim.status.reservedFor
+        ):
+            self.cache_hits += 1
+            return claim
+        self.cache_misses += 1
+        return None
 
     async def _prepare_locked(
         self, claims: Sequence[PreparedClaimRequest]

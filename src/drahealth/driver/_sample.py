@@ -377,6 +377,7 @@ class SampleDriverConfig:
     prepare_delay: float = 0.0
     broken_devices: tuple[str, ...] = ()
     error_type_field: bool = False
+    claim_cache: bool = False
     sysfs_root: str = "/sys"
 
 
@@ -449,6 +450,7 @@ class SampleDriverApp:
             on_device_fault=self._on_device_fault,
             metrics_registry=self.metrics.registry,
             enable_error_type_field=c.error_type_field,
+            claim_cache=c.claim_cache,
         )
 
     def _on_device_fault(self, pool: str, device: str, message: str) -> None:

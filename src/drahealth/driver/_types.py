@@ -356,6 +356,11 @@ class PluginOptions:
     ``serialize``: run prepare/unprepare one at a time (default ``True``).
     ``kube_client``: lightkube ``AsyncClient`` for claim GETs; ``None`` = no API
     access (every prepare fails per claim with a clear message).
+    ``claim_cache``: watch ResourceClaims (all namespaces) and answer a prepare from
+    the watch cache when it holds the claim with the requested UID, an allocation and
+    at least one reservation; anything else falls back to the GET (default ``False``:
+    one GET per claim, as the Go helper does). Costs one watch and the memory of the
+    cluster's claims.
     ``socket_mode`` / ``socket_group``: permissions of both sockets (``0o600``,
     group unchanged). ``max_message_bytes``: gRPC send/receive limit (16 MiB).
     ``enable_error_type_field``: see the module docstring (KEP-5322, not merged).
@@ -374,6 +379,7 @@ class PluginOptions:
     pod_uid: str | None = None
     serialize: bool = True
     kube_client: AsyncClient | None = None
+    claim_cache: bool = False
     socket_mode: int = 0o600
     socket_group: int | str | None = None
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES

@@ -130,6 +130,11 @@ def _say(line: str) -> None:
     is_flag=True,
     help="Send the KEP-5322 error_type field (Permanent/Transient) with prepare errors.",
 )
+@click.option(
+    "--claim-cache",
+    is_flag=True,
+    help="Answer prepares from a ResourceClaim watch cache; a miss falls back to a GET.",
+)
 def driver_command(
     profile: str,
     driver_name: str | None,
@@ -148,6 +153,7 @@ def driver_command(
     broken_devices: tuple[str, ...],
     error_type_field: bool,
     sysfs_root: str,
+    claim_cache: bool,
 ) -> None:
     """Run the sample DRA driver with simulated devices until SIGTERM/SIGINT."""
     config = SampleDriverConfig(
@@ -168,6 +174,7 @@ def driver_command(
         broken_devices=broken_devices,
         error_type_field=error_type_field,
         sysfs_root=sysfs_root,
+        claim_cache=claim_cache,
     )
     try:
         app = SampleDriverApp(config, say=_say)
