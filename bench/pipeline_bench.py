@@ -341,25 +341,63 @@ async def prepare(calls: int = 50, rounds: int = 10, cache: bool = False) -> dic
         async for c in client.list(ResourceClaim, namespace="default"):
             assert c.metadata is not None
             uids[str(c.metadata.name)] = str(c.metadata.uid)
-        # the caller is its own process, as the kubelet is
-        job = {"socket": w.handle.endpoint, "rounds": rounds,
-               "claims": [[f"c{i}", uids[f"c{i}"]] for i in range(calls)]}  # fmt: skip
-        caller = await asyncio.create_subprocess_exec(
-            sys.executable, os.path.join(os.path.dirname(__file__), "prepare_client.py"),
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        out, _ = await caller.communicate(json.dumps(job).encode())
-        if caller.returncode != 0:
-            raise RuntimeError(f"the prepare caller failed with exit code {caller.returncode}")
-        samples: list[float] = json.loads(out)
+        claims = [[f"c{i}", uids[f"c{i}"]] for i in range(calls)]
+        samples = await call_prepares(w.handle.endpoint, claims, rounds)
         hits = w.handle.preparer.cache_hits
     return {"p50_ms": pct(samples, 0.5) * 1e3, "p99_ms": pct(samples, 0.99) * 1e3, "hits": hits}
+
+
+class NoopPlugin(api.dra_v1_grpc.DRAPluginServicer):  # type: ignore[misc]
+    """The floor: a DRA servicer that answers at once, no claim, lock or checkpoint."""
+
+    async def NodePrepareResources(self, req: Any, ctx: Any) -> Any:
+        resp = api.dra_v1.NodePrepareResourcesResponse()
+        for c in req.claims:
+            resp.claims[c.uid].devices.add(pool_name=NODE, device_name="d", request_names=["gpu"])
+        return resp
+
+    async def NodeUnprepareResources(self, req: Any, ctx: Any) -> Any:
+        resp = api.dra_v1.NodeUnprepareResourcesResponse()
+        for c in req.claims:
+            resp.claims[c.uid].error = ""
+        return resp
+
+
+async def call_prepares(socket: str, claims: list[list[str]], rounds: int) -> list[float]:
+    """Run ``prepare_client.py`` (the kubelet's side) in its own process."""
+    job = {"socket": socket, "rounds": rounds, "claims": claims}
+    caller = await asyncio.create_subprocess_exec(
+        sys.executable, os.path.join(os.path.dirname(__file__), "prepare_client.py"),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await caller.communicate(json.dumps(job).encode())
+    if caller.returncode != 0:
+        raise RuntimeError(f"the prepare caller failed with exit code {caller.returncode}")
+    samples: list[float] = json.loads(out)
+    return samples
+
+
+async def prepare_floor(calls: int = 50, rounds: int = 10) -> dict[str, float]:
+    """The same load against :class:`NoopPlugin`: what Python gRPC alone costs."""
+    base = tempfile.mkdtemp(prefix="dhf-", dir="/tmp")
+    server = grpc.aio.server()
+    api.dra_v1_grpc.add_DRAPluginServicer_to_server(NoopPlugin(), server)
+    server.add_insecure_port(f"unix://{base}/dra.sock")
+    await server.start()
+    try:
+        claims = [[f"c{i}", f"uid-{i}"] for i in range(calls)]
+        samples = await call_prepares(f"{base}/dra.sock", claims, rounds)
+    finally:
+        await server.stop(0)
+        shutil.rmtree(base, ignore_errors=True)
+    return {"p50_ms": pct(samples, 0.5) * 1e3, "p99_ms": pct(samples, 0.99) * 1e3}
 
 
 async def main(quick: bool) -> None:
     print("propagation", await propagation(50 if quick else 200))
     print("expiry", await expiry())
     print("scale", await scale(20 if quick else 120))
+    print("prepare floor (no-op gRPC servicer)", await prepare_floor(rounds=4 if quick else 20))
     print("prepare (GET per claim)", await prepare(rounds=4 if quick else 20))
     print("prepare (claim cache)", await prepare(rounds=4 if quick else 20, cache=True))
 

@@ -497,3 +497,59 @@ async def test_error_type_field_only_for_permanent_errors_and_only_when_enabled(
         assert replies[perm][3] == [api.PREPARE_ERROR_TYPE_PERMANENT]
     else:
         assert 3 not in replies[perm]
+
+
+async def _reserve(client: AsyncClient, name: str) -> None:
+    await client.patch(
+        ResourceClaim.Status,
+        name,
+        {"status": {"reservedFor": [{"resource": "pods", "name": "p", "uid": f"pod-{name}"}]}},
+        namespace="default",
+        patch_type=PatchType.MERGE,
+    )
+
+
+async def test_claim_cache_answers_reserved_claims_and_falls_back_to_get(
+    base: str, kube: AsyncClient
+) -> None:
+    reserved = await create_claim(kube, "reserved", [gpu("gpu-0")])
+    await _reserve(kube, "reserved")
+    unreserved = await create_claim(kube, "unreserved", [gpu("gpu-1")])
+    driver = TinyDriver()
+    async with (
+        plugin(base, kube, driver=driver, claim_cache=True) as handle,
+        channel(handle.endpoint) as ch,
+    ):
+        preparer = handle.preparer
+        watch = preparer._claim_watch
+        assert watch is not None
+        await watch.wait_synced(5)
+        stub = api.dra_v1_grpc.DRAPluginStub(ch)
+
+        async def prepare(name: str, uid: str) -> Any:
+            req = api.dra_v1.NodePrepareResourcesRequest(claims=claims_v1(("default", name, uid)))
+            return (await stub.NodePrepareResources(req)).claims[uid]
+
+        got = await prepare("reserved", reserved)
+        assert not got.error and got.devices[0].device_name == "gpu-0"
+        assert (preparer.cache_hits, preparer.cache_misses) == (1, 0)
+        # not reserved in the cache: the GET decides (and it is allocated, so it works)
+        got = await prepare("unreserved", unreserved)
+        assert not got.error and got.devices[0].device_name == "gpu-1"
+        assert (preparer.cache_hits, preparer.cache_misses) == (1, 1)
+        # a UID the cache does not hold: GET, which reports the replacement
+        got = await prepare("reserved", "old-uid")
+        assert got.error == (
+            f"claim default/reserved (uid old-uid) got replaced: the API server has uid {reserved}"
+        )
+        assert preparer.cache_misses == 2
+        # a claim created after start reaches the cache through the watch
+        late = await create_claim(kube, "late", [gpu("gpu-2")])
+        await _reserve(kube, "late")
+        for _ in range(200):
+            if (c := watch.store.get("default", "late")) and c.status and c.status.reservedFor:
+                break
+            await asyncio.sleep(0.01)
+        got = await prepare("late", late)
+        assert not got.error and preparer.cache_hits == 2
+    assert preparer._claim_watch is None  # stopped with the plugin
