@@ -373,6 +373,8 @@ class SampleDriverConfig:
     health_timeout: int = 30
     pod_uid: str | None = None
     metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    in_cluster: bool = False
     partitions: int = 0
     prepare_delay: float = 0.0
     broken_devices: tuple[str, ...] = ()
@@ -483,7 +485,7 @@ class SampleDriverApp:
         else:
             self.source.report()  # every device Healthy before the first stream opens
         self._unwatch = self.metrics.watch_hub(self.hub)
-        if c.kubeconfig is not None:
+        if c.kubeconfig is not None or c.in_cluster:
             from drahealth.kube import make_client
 
             self.client = make_client(c.kubeconfig)
@@ -493,7 +495,7 @@ class SampleDriverApp:
         await self.control.start()
         if c.metrics_port is not None:
             self.metrics_server = MetricsServer(self.metrics.registry)
-            await self.metrics_server.start("127.0.0.1", c.metrics_port)
+            await self.metrics_server.start(c.metrics_host, c.metrics_port)
         if self.client is not None:
             self.publisher = ResourceSlicePublisher(self.client, c.driver_name, c.node_name)
             self.metrics.watch_publisher(self.publisher)

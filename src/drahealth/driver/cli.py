@@ -96,7 +96,18 @@ def _say(line: str) -> None:
     "--metrics-port",
     type=click.IntRange(min=0, max=65535),
     default=None,
-    help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics (0 picks a free port).",
+    help="Serve Prometheus metrics on --metrics-host:PORT/metrics (0 picks a free port).",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address /metrics listens on (0.0.0.0 for Prometheus in a cluster).",
+)
+@click.option(
+    "--in-cluster",
+    is_flag=True,
+    help="API access through $KUBECONFIG or the pod's service account (as deployed).",
 )
 @click.option(
     "--partitions",
@@ -148,6 +159,8 @@ def driver_command(
     health_timeout: int,
     pod_uid: str | None,
     metrics_port: int | None,
+    metrics_host: str,
+    in_cluster: bool,
     partitions: int,
     prepare_delay: float,
     broken_devices: tuple[str, ...],
@@ -169,6 +182,8 @@ def driver_command(
         health_timeout=health_timeout,
         pod_uid=pod_uid or None,
         metrics_port=metrics_port,
+        metrics_host=metrics_host,
+        in_cluster=in_cluster,
         partitions=partitions,
         prepare_delay=prepare_delay,
         broken_devices=broken_devices,

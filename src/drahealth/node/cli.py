@@ -79,7 +79,12 @@ def _gates(ctx: click.Context, param: click.Parameter, value: str) -> dict[str, 
     "--kubeconfig",
     type=click.Path(dir_okay=False),
     default=None,
-    help="API access (required in kubelet mode).",
+    help="API access (kubelet mode needs this or --in-cluster).",
+)
+@click.option(
+    "--in-cluster",
+    is_flag=True,
+    help="API access through $KUBECONFIG or the pod's service account (as deployed).",
 )
 @click.option(
     "--default-timeout",
@@ -97,6 +102,12 @@ def _gates(ctx: click.Context, param: click.Parameter, value: str) -> dict[str, 
 )
 @click.option(
     "--metrics-port", type=click.IntRange(0, 65535), default=None, help="Serve /metrics here."
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address /metrics listens on (0.0.0.0 for Prometheus in a cluster).",
 )
 @click.option(
     "--feature-gates",
@@ -138,9 +149,11 @@ def agent_command(
     registry_dir: str,
     state_dir: str,
     kubeconfig: str | None,
+    in_cluster: bool,
     default_timeout: float,
     restart_grace: float,
     metrics_port: int | None,
+    metrics_host: str,
     feature_gates: dict[str, bool],
     resource_id: str,
     allowed_roots: tuple[str, ...],
@@ -152,8 +165,8 @@ def agent_command(
     """Run the node agent: the kubelet's DRA device-health pipeline."""
     from drahealth.node._agent import AgentConfig
 
-    if mode == "kubelet" and not kubeconfig:
-        raise click.UsageError("--kubeconfig is required in kubelet mode")
+    if mode == "kubelet" and not kubeconfig and not in_cluster:
+        raise click.UsageError("kubelet mode needs API access: --kubeconfig or --in-cluster")
     try:
         config = AgentConfig(
             node_name=node_name,
@@ -167,6 +180,7 @@ def agent_command(
             resource_id=resource_id,  # type: ignore[arg-type]
             allowed_roots=[os.path.abspath(r) for r in allowed_roots] or None,
             metrics_port=metrics_port,
+            metrics_host=metrics_host,
             podresources_socket=podresources_socket,
             podresources_interval=podresources_interval,
             resync_interval=resync_interval,
@@ -175,17 +189,17 @@ def agent_command(
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     try:
-        asyncio.run(_run(config, kubeconfig))
+        asyncio.run(_run(config, kubeconfig, in_cluster))
     except (KubeConfigError, ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
 
 
-async def _run(config: object, kubeconfig: str | None) -> None:
+async def _run(config: object, kubeconfig: str | None, in_cluster: bool) -> None:
     from drahealth.node._agent import AgentConfig, NodeAgent
 
     assert isinstance(config, AgentConfig)
     client = None
-    if kubeconfig:
+    if kubeconfig or in_cluster:
         from drahealth.kube import make_client
 
         client = make_client(kubeconfig)

@@ -25,7 +25,12 @@ __all__ = ["controller_command"]
 
 
 @click.command("controller")
-@click.option("--kubeconfig", required=True, metavar="FILE", help="API access.")
+@click.option(
+    "--kubeconfig",
+    default=None,
+    metavar="FILE",
+    help="API access [default: $KUBECONFIG, the in-cluster service account, ~/.kube/config].",
+)
 @click.option("--policy", "policy_file", required=True, metavar="FILE", help="Policy (YAML).")
 @click.option("--dry-run", is_flag=True, help="Write every taint with effect None; evict nothing.")
 @click.option(
@@ -46,16 +51,23 @@ __all__ = ["controller_command"]
     "--metrics-port",
     type=click.IntRange(0, 65535),
     default=None,
-    help="Serve /metrics on 127.0.0.1:PORT (0 picks one).",
+    help="Serve /metrics on --metrics-host:PORT (0 picks one).",
+)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address /metrics listens on (0.0.0.0 for Prometheus in a cluster).",
 )
 def controller_command(
-    kubeconfig: str,
+    kubeconfig: str | None,
     policy_file: str,
     dry_run: bool,
     identity: str | None,
     namespace: str,
     lease_duration: float,
     metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Run the remediation controller: device health -> taints -> evictions -> untaint."""
     from drahealth.remedy._policy_load import load_policy
@@ -66,22 +78,24 @@ def controller_command(
         raise click.UsageError(str(exc)) from exc
     if dry_run:
         policy = dataclasses.replace(policy, dry_run=True)
-    if not os.path.isfile(kubeconfig):
+    if kubeconfig is not None and not os.path.isfile(kubeconfig):
         raise click.BadParameter(f"{kubeconfig}: no such file", param_hint="--kubeconfig")
     name = identity or f"{socket.gethostname()}-{os.getpid()}"
     try:
-        asyncio.run(_run(kubeconfig, policy, name, namespace, lease_duration, metrics_port))
+        asyncio.run(
+            _run(kubeconfig, policy, name, namespace, lease_duration, (metrics_host, metrics_port))
+        )
     except KubeConfigError as exc:
         raise click.ClickException(str(exc)) from exc
 
 
 async def _run(
-    kubeconfig: str,
+    kubeconfig: str | None,
     policy: Policy,
     identity: str,
     namespace: str,
     lease_duration: float,
-    metrics_port: int | None,
+    metrics: tuple[str, int | None],
 ) -> None:
     from drahealth._metrics_http import MetricsServer
     from drahealth.kube import make_client
@@ -90,11 +104,12 @@ async def _run(
     from drahealth.remedy._metrics import ControllerMetrics
 
     client = make_client(kubeconfig, field_manager="drahealth-controller")
-    metrics = ControllerMetrics()
+    metrics_host, metrics_port = metrics
+    controller_metrics = ControllerMetrics()
     server = None
     if metrics_port is not None:
-        server = MetricsServer(metrics.registry)
-        await server.start("127.0.0.1", metrics_port)
+        server = MetricsServer(controller_metrics.registry)
+        await server.start(metrics_host, metrics_port)
         click.echo(f"metrics: {server.url}")
     elector = LeaderElector(
         client,
@@ -108,13 +123,13 @@ async def _run(
 
     async def lead() -> None:
         click.echo(f"leading: {identity}")
-        metrics.leader.set(1)
+        controller_metrics.leader.set(1)
         try:
             await RemediationController(
-                client, policy, identity=identity, namespace=namespace, metrics=metrics
+                client, policy, identity=identity, namespace=namespace, metrics=controller_metrics
             ).run()
         finally:
-            metrics.leader.set(0)
+            controller_metrics.leader.set(0)
             click.echo(f"standby: {identity}")
 
     task = asyncio.create_task(elector.run(lead))
