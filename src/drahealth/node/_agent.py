@@ -77,7 +77,7 @@ class AgentConfig:
     podresources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     #: Observer mode: how often PodResources is listed.
     podresources_interval: float = 5.0
-    #: Observer mode: namespace of the per-node post-mortem ConfigMap.
+    #: Namespace of the per-node ConfigMaps (device health; observer mode: post-mortem).
     postmortem_namespace: str = "default"
 
     def __post_init__(self) -> None:

@@ -82,6 +82,12 @@ def _gates(ctx: click.Context, param: click.Parameter, value: str) -> dict[str, 
     help="API access (kubelet mode needs this or --in-cluster).",
 )
 @click.option(
+    "--namespace",
+    default="default",
+    show_default=True,
+    help="Namespace of the agent's ConfigMaps (device health, post-mortem records).",
+)
+@click.option(
     "--in-cluster",
     is_flag=True,
     help="API access through $KUBECONFIG or the pod's service account (as deployed).",
@@ -149,6 +155,7 @@ def agent_command(
     registry_dir: str,
     state_dir: str,
     kubeconfig: str | None,
+    namespace: str,
     in_cluster: bool,
     default_timeout: float,
     restart_grace: float,
@@ -181,6 +188,7 @@ def agent_command(
             allowed_roots=[os.path.abspath(r) for r in allowed_roots] or None,
             metrics_port=metrics_port,
             metrics_host=metrics_host,
+            postmortem_namespace=namespace,
             podresources_socket=podresources_socket,
             podresources_interval=podresources_interval,
             resync_interval=resync_interval,

@@ -112,6 +112,7 @@ class RemediationController:
         self.health: Reflector[ConfigMap] = Reflector(
             client,
             ConfigMap,
+            namespace=namespace,  # the agents publish there: no cluster-wide ConfigMap read
             labels={"app.kubernetes.io/component": "device-health"},
             name="remedy-device-health",
         )
