@@ -1,0 +1,723 @@
+"""Render the drahealth Helm chart without the ``helm`` binary.
+
+Owns: a Go ``text/template`` interpreter for the subset of the template language
+and Sprig functions the chart under ``deploy/helm/drahealth`` uses, Helm's
+built-in objects (``.Values``, ``.Release``, ``.Chart``, ``.Capabilities``), values
+merging (``-f`` files over ``values.yaml``, ``null`` deletes a key) and the output
+of ``helm template`` (one ``# Source:`` document per template, ``_*`` files only
+define). CI has no ``helm`` binary (no registry it reaches ships one), so the chart
+is rendered and validated with this; ``helm template`` gives the same manifests.
+
+Supported: ``{{ }}`` with ``{{-``/``-}}`` trimming, ``{{/* */}}`` comments,
+pipelines, parenthesised sub-pipelines, variables (``$``, ``$x :=``, ``$x =``,
+``range $i, $v :=``), ``if``/``else if``/``else``, ``range`` (lists, maps in key
+order) with ``else``, ``with`` with ``else``, ``define``/``template``/``include``,
+and the functions in :data:`FUNCS`. Anything else is an error that names the file
+and line, never a silent miss.
+
+Usage: ``python deploy/render.py deploy/helm/drahealth [-f values.yaml]
+[--release NAME] [--namespace NS] [--set a.b=value]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import copy
+import json
+import re
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class TemplateError(Exception):
+    """A template that cannot be parsed or evaluated; the message names file:line."""
+
+
+# --------------------------------------------------------------------- lexing
+
+_ACTION = re.compile(r"\{\{(-\s)?(.*?)(\s-)?\}\}", re.S)
+_TOKEN = re.compile(
+    r"""\s*(?:
+      (?P<str>"(?:[^"\\]|\\.)*")
+    | (?P<raw>`[^`]*`)
+    | (?P<num>-?\d+(?:\.\d+)?)
+    | (?P<decl>:=)
+    | (?P<assign>=)
+    | (?P<pipe>\|)
+    | (?P<lp>\()
+    | (?P<rp>\))
+    | (?P<comma>,)
+    | (?P<var>\$[A-Za-z0-9_]*(?:\.[A-Za-z0-9_]+)*)
+    | (?P<field>(?:\.[A-Za-z0-9_]+)+|\.)
+    | (?P<ident>[A-Za-z_][A-Za-z0-9_]*)
+    )""",
+    re.X,
+)
+
+
+@dataclass
+class Tok:
+    kind: str
+    text: str
+
+
+def _tokens(src: str, where: str) -> list[Tok]:
+    out: list[Tok] = []
+    pos = 0
+    while pos < len(src):
+        if src[pos:].strip() == "":
+            break
+        m = _TOKEN.match(src, pos)
+        if m is None or m.end() == pos:
+            raise TemplateError(f"{where}: cannot read {src[pos:].strip()[:30]!r}")
+        kind = m.lastgroup
+        assert kind is not None
+        text = m.group(kind)
+        out.append(Tok(kind, text))
+        pos = m.end()
+    return out
+
+
+# --------------------------------------------------------------------- parsing
+
+
+@dataclass
+class Pipeline:
+    decl: list[str]
+    assign: bool  # '=' (re-assign) rather than ':='
+    cmds: list[list[Any]]  # each command: list of terms
+    where: str
+
+
+@dataclass
+class Node:
+    kind: str  # text, action, if, range, with, define, template
+    where: str = ""
+    text: str = ""
+    pipe: Pipeline | None = None
+    body: list[Node] = field(default_factory=list)
+    branches: list[tuple[Pipeline, list[Node]]] = field(default_factory=list)
+    orelse: list[Node] = field(default_factory=list)
+    name: str = ""
+
+
+class _TermParser:
+    def __init__(self, toks: list[Tok], where: str) -> None:
+        self.toks = toks
+        self.i = 0
+        self.where = where
+
+    def peek(self) -> Tok | None:
+        return self.toks[self.i] if self.i < len(self.toks) else None
+
+    def take(self) -> Tok:
+        t = self.peek()
+        if t is None:
+            raise TemplateError(f"{self.where}: unexpected end of action")
+        self.i += 1
+        return t
+
+    def pipeline(self, stop: str | None = None) -> Pipeline:
+        decl: list[str] = []
+        assign = False
+        # variable declaration: $x := ... or $k, $v := ...
+        j = self.i
+        names: list[str] = []
+        while j < len(self.toks) and self.toks[j].kind == "var":
+            names.append(self.toks[j].text)
+            if j + 1 < len(self.toks) and self.toks[j + 1].kind == "comma":
+                j += 2
+                continue
+            j += 1
+            break
+        if names and j < len(self.toks) and self.toks[j].kind in ("decl", "assign"):
+            decl, assign = names, self.toks[j].kind == "assign"
+            self.i = j + 1
+        cmds: list[list[Any]] = [[]]
+        while (t := self.peek()) is not None and t.kind != stop:
+            if t.kind == "pipe":
+                self.take()
+                if not cmds[-1]:
+                    raise TemplateError(f"{self.where}: empty command in pipeline")
+                cmds.append([])
+                continue
+            cmds[-1].append(self.term())
+        if not cmds[-1]:
+            raise TemplateError(f"{self.where}: missing value")
+        return Pipeline(decl, assign, cmds, self.where)
+
+    def term(self) -> Any:
+        t = self.take()
+        if t.kind == "lp":
+            inner = self.pipeline(stop="rp")
+            self.take()
+            nxt = self.peek()
+            if nxt is not None and nxt.kind == "field" and nxt.text != ".":
+                self.take()
+                return ("sub", inner, nxt.text[1:].split("."))
+            return ("sub", inner, [])
+        if t.kind == "str":
+            return ("lit", json.loads(t.text))
+        if t.kind == "raw":
+            return ("lit", t.text[1:-1])
+        if t.kind == "num":
+            return ("lit", float(t.text) if "." in t.text else int(t.text))
+        if t.kind == "field":
+            return ("field", [] if t.text == "." else t.text[1:].split("."))
+        if t.kind == "var":
+            name, _, rest = t.text.partition(".")
+            return ("var", name, rest.split(".") if rest else [])
+        if t.kind == "ident":
+            if t.text in ("true", "false"):
+                return ("lit", t.text == "true")
+            if t.text == "nil":
+                return ("lit", None)
+            return ("func", t.text)
+        raise TemplateError(f"{self.where}: unexpected {t.text!r}")
+
+
+def _parse_pipeline(src: str, where: str) -> Pipeline:
+    p = _TermParser(_tokens(src, where), where)
+    pipe = p.pipeline()
+    if p.peek() is not None:
+        raise TemplateError(f"{where}: unexpected {p.peek().text!r}")  # type: ignore[union-attr]
+    return pipe
+
+
+def parse(text: str, name: str) -> list[Node]:
+    """Parse one template file into nodes (``define`` blocks included)."""
+    items: list[tuple[str, str, str]] = []  # (kind, content, where)
+    pos = 0
+    pending_trim = False
+    for m in _ACTION.finditer(text):
+        chunk = text[pos : m.start()]
+        if pending_trim:
+            chunk = chunk.lstrip()
+        if m.group(1):
+            chunk = chunk.rstrip()
+        line = text.count("\n", 0, m.start()) + 1
+        items.append(("text", chunk, f"{name}:{line}"))
+        items.append(("action", m.group(2).strip(), f"{name}:{line}"))
+        pending_trim = bool(m.group(3))
+        pos = m.end()
+    tail = text[pos:]
+    if "{{" in tail:
+        line = text.count("\n", 0, pos + tail.index("{{")) + 1
+        raise TemplateError(f"{name}:{line}: unclosed action")
+    items.append(("text", tail.lstrip() if pending_trim else tail, f"{name}:end"))
+
+    it = iter(items)
+    nodes, _ = _parse_block(it, name, top=True)
+    return nodes
+
+
+_KEYWORD = re.compile(r"^(if|else if|else with|else|end|range|with|define|template|block)\b\s*")
+
+
+def _parse_block(
+    it: Iterator[tuple[str, str, str]], name: str, top: bool = False
+) -> tuple[list[Node], tuple[str, str, str]]:
+    nodes: list[Node] = []
+    for kind, content, where in it:
+        if kind == "text":
+            if content:
+                nodes.append(Node("text", where, text=content))
+            continue
+        if content.startswith("/*"):
+            if not content.endswith("*/"):
+                raise TemplateError(f"{where}: unterminated comment")
+            continue
+        m = _KEYWORD.match(content)
+        word = m.group(1) if m else ""
+        rest = content[m.end() :] if m else content
+        if word in ("end", "else", "else if", "else with"):
+            if top:
+                raise TemplateError(f"{where}: unexpected {{{{{word}}}}}")
+            return nodes, (word, rest, where)
+        if word in ("if", "with"):
+            node = Node(word, where)
+            cond = _parse_pipeline(rest, where)
+            while True:
+                body, (stop, srest, swhere) = _parse_block(it, name)
+                node.branches.append((cond, body))
+                if stop == f"else {word}" or (stop == "else if" and word == "if"):
+                    cond = _parse_pipeline(srest, swhere)
+                    continue
+                if stop == "else":
+                    node.orelse, (stop2, _, w2) = _parse_block(it, name)
+                    if stop2 != "end":
+                        raise TemplateError(f"{w2}: expected {{{{end}}}}, got {stop2}")
+                elif stop != "end":
+                    raise TemplateError(f"{swhere}: unexpected {stop} in {word}")
+                break
+            nodes.append(node)
+        elif word == "range":
+            node = Node("range", where, pipe=_parse_pipeline(rest, where))
+            node.body, (stop, _, swhere) = _parse_block(it, name)
+            if stop == "else":
+                node.orelse, (stop, _, swhere) = _parse_block(it, name)
+            if stop != "end":
+                raise TemplateError(f"{swhere}: expected {{{{end}}}} for range")
+            nodes.append(node)
+        elif word == "define":
+            pipe = _parse_pipeline(rest, where)
+            tname = _literal_name(pipe, where)
+            node = Node("define", where, name=tname)
+            node.body, (stop, _, swhere) = _parse_block(it, name)
+            if stop != "end":
+                raise TemplateError(f"{swhere}: expected {{{{end}}}} for define")
+            nodes.append(node)
+        elif word == "template":
+            toks = _TermParser(_tokens(rest, where), where)
+            first = toks.term()
+            if first[0] != "lit" or not isinstance(first[1], str):
+                raise TemplateError(f"{where}: template needs a quoted name")
+            arg = toks.pipeline() if toks.peek() is not None else None
+            nodes.append(Node("template", where, name=first[1], pipe=arg))
+        elif word == "block":
+            raise TemplateError(f"{where}: block is not supported; use define + include")
+        else:
+            nodes.append(Node("action", where, pipe=_parse_pipeline(content, where)))
+    if not top:
+        raise TemplateError(f"{name}: missing {{{{end}}}}")
+    return nodes, ("eof", "", name)
+
+
+def _literal_name(pipe: Pipeline, where: str) -> str:
+    if len(pipe.cmds) == 1 and len(pipe.cmds[0]) == 1 and pipe.cmds[0][0][0] == "lit":
+        value = pipe.cmds[0][0][1]
+        if isinstance(value, str):
+            return value
+    raise TemplateError(f"{where}: define needs a quoted name")
+
+
+# --------------------------------------------------------------------- values
+
+
+def truth(v: Any) -> bool:
+    """Go template truthiness: false, 0, nil, and empty strings/lists/maps are false."""
+    if v is None or v is False:
+        return False
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return v != 0
+    if isinstance(v, (str, list, dict, tuple)):
+        return len(v) > 0
+    return True
+
+
+def to_text(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    if isinstance(v, (dict, list)):
+        raise TemplateError(f"printing a {type(v).__name__} directly; use toYaml or toJson")
+    return str(v)
+
+
+def to_yaml(v: Any) -> str:
+    if v is None:
+        return "null"
+    return yaml.safe_dump(v, default_flow_style=False, sort_keys=True, width=10_000).rstrip("\n")
+
+
+def _indent(n: int, s: str) -> str:
+    pad = " " * n
+    return "\n".join(pad + line for line in to_text(s).split("\n"))
+
+
+def _default(d: Any, *v: Any) -> Any:
+    if not v:
+        return d
+    return v[0] if truth(v[0]) else d
+
+
+def _required(msg: str, v: Any) -> Any:
+    if v is None or v == "":
+        raise TemplateError(msg)
+    return v
+
+
+def _fail(msg: str) -> Any:
+    raise TemplateError(msg)
+
+
+def _printf(fmt: str, *args: Any) -> str:
+    """Go's ``fmt.Sprintf`` for ``%s``, ``%v``, ``%d``, ``%q`` and ``%%``."""
+    vals = iter(args)
+
+    def one(m: re.Match[str]) -> str:
+        verb = m.group(1)
+        if verb == "%":
+            return "%"
+        try:
+            v = next(vals)
+        except StopIteration:
+            raise TemplateError(f"printf {fmt!r}: too few arguments") from None
+        return json.dumps(to_text(v)) if verb == "q" else to_text(v)
+
+    out = re.sub(r"%([vsdq%])", one, fmt)
+    if next(vals, _NOTHING) is not _NOTHING:
+        raise TemplateError(f"printf {fmt!r}: too many arguments")
+    return out
+
+
+_NOTHING = object()
+
+
+def _dict(*kv: Any) -> dict[str, Any]:
+    if len(kv) % 2:
+        raise TemplateError("dict needs key/value pairs")
+    return {to_text(kv[i]): kv[i + 1] for i in range(0, len(kv), 2)}
+
+
+def _cmp(op: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
+    def f(a: Any, b: Any) -> bool:
+        try:
+            return op(a, b)
+        except TypeError:
+            raise TemplateError(f"cannot compare {a!r} and {b!r}") from None
+
+    return f
+
+
+FUNCS: dict[str, Callable[..., Any]] = {
+    "toYaml": to_yaml,
+    "toJson": lambda v: json.dumps(v, sort_keys=True, separators=(",", ":")),
+    "indent": _indent,
+    "nindent": lambda n, s: "\n" + _indent(n, s),
+    "quote": lambda *v: " ".join(json.dumps(to_text(x)) for x in v),
+    "squote": lambda *v: " ".join("'" + to_text(x) + "'" for x in v),
+    "default": _default,
+    "required": _required,
+    "fail": _fail,
+    "printf": _printf,
+    "print": lambda *v: "".join(to_text(x) for x in v),
+    "trunc": lambda n, s: to_text(s)[:n] if n >= 0 else to_text(s)[n:],
+    "trimSuffix": lambda suf, s: to_text(s).removesuffix(suf),
+    "trimPrefix": lambda pre, s: to_text(s).removeprefix(pre),
+    "replace": lambda old, new, s: to_text(s).replace(old, new),
+    "lower": lambda s: to_text(s).lower(),
+    "upper": lambda s: to_text(s).upper(),
+    "toString": to_text,
+    "int": lambda v: int(v or 0),
+    "b64enc": lambda s: base64.b64encode(to_text(s).encode()).decode(),
+    "join": lambda sep, v: sep.join(to_text(x) for x in (v or [])),
+    "list": lambda *v: list(v),
+    "dict": _dict,
+    "hasKey": lambda m, k: isinstance(m, dict) and k in m,
+    "empty": lambda v: not truth(v),
+    "not": lambda v: not truth(v),
+    "eq": lambda a, *bs: any(a == b for b in bs),
+    "ne": _cmp(lambda a, b: a != b),
+    "lt": _cmp(lambda a, b: a < b),
+    "le": _cmp(lambda a, b: a <= b),
+    "gt": _cmp(lambda a, b: a > b),
+    "ge": _cmp(lambda a, b: a >= b),
+}
+
+
+# --------------------------------------------------------------------- evaluation
+
+
+class _Renderer:
+    def __init__(self, defines: Mapping[str, Node], root: Any) -> None:
+        self.defines = defines
+        self.root = root
+        self.depth = 0
+
+    def render(self, nodes: list[Node], dot: Any, scope: dict[str, Any]) -> str:
+        out: list[str] = []
+        for n in nodes:
+            out.append(self._node(n, dot, scope))
+        return "".join(out)
+
+    def _node(self, n: Node, dot: Any, scope: dict[str, Any]) -> str:
+        if n.kind == "text":
+            return n.text
+        if n.kind == "define":
+            return ""
+        if n.kind == "action":
+            assert n.pipe is not None
+            value = self.pipeline(n.pipe, dot, scope)
+            return "" if n.pipe.decl else to_text(value)
+        if n.kind in ("if", "with"):
+            for cond, body in n.branches:
+                inner = dict(scope)
+                value = self.pipeline(cond, dot, inner)
+                if truth(value):
+                    return self.render(body, value if n.kind == "with" else dot, inner)
+            return self.render(n.orelse, dot, dict(scope))
+        if n.kind == "range":
+            assert n.pipe is not None
+            inner = dict(scope)
+            pipe = Pipeline([], False, n.pipe.cmds, n.pipe.where)
+            coll = self.pipeline(pipe, dot, inner)
+            if isinstance(coll, dict):
+                pairs: list[tuple[Any, Any]] = [(k, coll[k]) for k in sorted(coll)]
+            elif isinstance(coll, (list, tuple)):
+                pairs = list(enumerate(coll))
+            elif isinstance(coll, int) and not isinstance(coll, bool):
+                pairs = [(i, i) for i in range(coll)]
+            elif coll is None:
+                pairs = []
+            else:
+                raise TemplateError(f"{n.where}: range over {type(coll).__name__}")
+            if not pairs:
+                return self.render(n.orelse, dot, dict(scope))
+            out = []
+            for k, v in pairs:
+                body_scope = dict(inner)
+                if len(n.pipe.decl) == 1:
+                    body_scope[n.pipe.decl[0]] = v
+                elif len(n.pipe.decl) == 2:
+                    body_scope[n.pipe.decl[0]], body_scope[n.pipe.decl[1]] = k, v
+                out.append(self.render(n.body, v, body_scope))
+            return "".join(out)
+        if n.kind == "template":
+            arg = self.pipeline(n.pipe, dot, dict(scope)) if n.pipe else None
+            return self.include(n.name, arg, n.where)
+        raise TemplateError(f"{n.where}: unknown node {n.kind}")
+
+    def include(self, name: str, dot: Any, where: str) -> str:
+        node = self.defines.get(name)
+        if node is None:
+            raise TemplateError(f"{where}: no template {name!r} defined")
+        self.depth += 1
+        if self.depth > 100:
+            raise TemplateError(f"{where}: include nested too deeply ({name!r} recursion?)")
+        try:
+            return self.render(node.body, dot, {"$": dot})
+        finally:
+            self.depth -= 1
+
+    def pipeline(self, p: Pipeline, dot: Any, scope: dict[str, Any]) -> Any:
+        value: Any = None
+        for i, cmd in enumerate(p.cmds):
+            value = self.command(cmd, dot, scope, p.where, piped=(value,) if i else ())
+        for name in p.decl:
+            if p.assign and name not in scope:
+                raise TemplateError(f"{p.where}: undefined variable {name}")
+            scope[name] = value
+        return value
+
+    def command(
+        self, cmd: list[Any], dot: Any, scope: dict[str, Any], where: str, piped: tuple[Any, ...]
+    ) -> Any:
+        head = cmd[0]
+        if head[0] == "func":
+            name = head[1]
+            args = [self.term(t, dot, scope, where) for t in cmd[1:]] + list(piped)
+            if name == "include":
+                if len(args) != 2:
+                    raise TemplateError(f"{where}: include needs a name and a context")
+                return self.include(to_text(args[0]), args[1], where)
+            if name == "tpl":
+                if len(args) != 2:
+                    raise TemplateError(f"{where}: tpl needs a string and a context")
+                return self.render(
+                    parse(to_text(args[0]), f"{where}(tpl)"), args[1], {"$": args[1]}
+                )
+            fn = FUNCS.get(name)
+            if fn is None:
+                raise TemplateError(f"{where}: function {name!r} not defined")
+            try:
+                return fn(*args)
+            except TemplateError as exc:
+                raise TemplateError(f"{where}: {name}: {exc}") from None
+            except (TypeError, ValueError) as exc:
+                raise TemplateError(f"{where}: {name}: {exc}") from None
+        if len(cmd) > 1 or piped:
+            raise TemplateError(f"{where}: {head!r} is not a function; cannot take arguments")
+        return self.term(head, dot, scope, where)
+
+    def term(self, t: Any, dot: Any, scope: dict[str, Any], where: str) -> Any:
+        kind = t[0]
+        if kind == "lit":
+            return t[1]
+        if kind == "field":
+            return self.walk(dot, t[1], where)
+        if kind == "var":
+            if t[1] not in scope:
+                raise TemplateError(f"{where}: undefined variable {t[1]}")
+            return self.walk(scope[t[1]], t[2], where)
+        if kind == "sub":
+            return self.walk(self.pipeline(t[1], dot, dict(scope)), t[2], where)
+        if kind == "func":
+            return self.command([t], dot, scope, where, ())
+        raise TemplateError(f"{where}: bad term {t!r}")
+
+    @staticmethod
+    def walk(value: Any, path: list[str], where: str) -> Any:
+        for i, key in enumerate(path):
+            if value is None:
+                before = "." + ".".join(path[:i]) if i else "."
+                raise TemplateError(f"{where}: nil pointer evaluating {before}.{key}")
+            if not isinstance(value, dict):
+                raise TemplateError(f"{where}: cannot read .{key} of a {type(value).__name__}")
+            value = value.get(key)
+        return value
+
+
+# --------------------------------------------------------------------- chart
+
+
+def merge_values(base: Any, override: Any) -> Any:
+    """Helm's values coalescing: maps merge deeply, anything else replaces, null deletes."""
+    if not isinstance(base, dict) or not isinstance(override, dict):
+        return copy.deepcopy(override)
+    out = copy.deepcopy(base)
+    for k, v in override.items():
+        if v is None:
+            out.pop(k, None)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merge_values(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def parse_set(expr: str) -> dict[str, Any]:
+    """``a.b=value`` -> ``{"a": {"b": value}}`` (value read as YAML: numbers, booleans)."""
+    key, sep, raw = expr.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--set {expr!r}: expected key=value")
+    value = yaml.safe_load(raw) if raw else ""
+    out: dict[str, Any] = {}
+    node = out
+    parts = key.split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+    node[parts[-1]] = value
+    return out
+
+
+def _load_yaml_map(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise TemplateError(f"{what} {path}: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise TemplateError(f"{what} {path}: expected a map at the top")
+    return data
+
+
+def render_chart(
+    chart_dir: str | Path,
+    values: Mapping[str, Any] | None = None,
+    *,
+    release: str = "drahealth",
+    namespace: str = "drahealth",
+    kube_version: str = "v1.37.0",
+) -> dict[str, str]:
+    """Render every template of the chart: ``{"templates/x.yaml": text}``."""
+    chart = Path(chart_dir)
+    meta = _load_yaml_map(chart / "Chart.yaml", "Chart.yaml")
+    for key in ("apiVersion", "name", "version"):
+        if key not in meta:
+            raise TemplateError(f"Chart.yaml: {key} is missing")
+    merged = merge_values(_load_yaml_map(chart / "values.yaml", "values"), dict(values or {}))
+    major, minor = kube_version.lstrip("v").split(".")[:2]
+    root = {
+        "Values": merged,
+        "Release": {
+            "Name": release,
+            "Namespace": namespace,
+            "Service": "Helm",
+            "IsInstall": True,
+            "IsUpgrade": False,
+            "Revision": 1,
+        },
+        "Chart": {k[:1].upper() + k[1:]: v for k, v in meta.items()},
+        "Capabilities": {
+            "KubeVersion": {"Version": kube_version, "Major": major, "Minor": minor},
+        },
+    }
+    files = sorted((chart / "templates").glob("*"))
+    parsed: dict[str, list[Node]] = {}
+    defines: dict[str, Node] = {}
+    for f in files:
+        if f.suffix not in (".yaml", ".yml", ".tpl", ".txt"):
+            continue
+        rel = f"templates/{f.name}"
+        nodes = parse(f.read_text(), rel)
+        parsed[rel] = nodes
+        for n in nodes:
+            if n.kind == "define":
+                defines[n.name] = n
+    renderer = _Renderer(defines, root)
+    out: dict[str, str] = {}
+    for rel, nodes in parsed.items():
+        if Path(rel).name.startswith("_") or rel.endswith(".txt"):
+            continue
+        root["Template"] = {
+            "Name": f"{meta['name']}/{rel}",
+            "BasePath": f"{meta['name']}/templates",
+        }
+        out[rel] = renderer.render(nodes, root, {"$": root})
+    return out
+
+
+def manifests(rendered: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Every non-empty YAML document of the rendered chart, parsed."""
+    docs: list[dict[str, Any]] = []
+    for rel, text in rendered.items():
+        try:
+            loaded = list(yaml.safe_load_all(text))
+        except yaml.YAMLError as exc:
+            raise TemplateError(f"{rel} does not render to valid YAML: {exc}") from None
+        for doc in loaded:
+            if doc is None:
+                continue
+            if not isinstance(doc, dict):
+                raise TemplateError(f"{rel}: a document is not a map")
+            docs.append(doc)
+    return docs
+
+
+def helm_template_output(chart_name: str, rendered: Mapping[str, str]) -> str:
+    """What ``helm template`` prints: ``---`` + ``# Source:`` per non-empty template."""
+    parts = []
+    for rel, text in rendered.items():
+        for doc in re.split(r"^---\s*$", text, flags=re.M):
+            if doc.strip():
+                parts.append(f"---\n# Source: {chart_name}/{rel}\n{doc.strip(chr(10))}\n")
+    return "".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("chart")
+    ap.add_argument("-f", "--values", action="append", default=[], help="values file")
+    ap.add_argument("--set", action="append", default=[], help="key.path=value")
+    ap.add_argument("--release", default="drahealth")
+    ap.add_argument("--namespace", default="drahealth")
+    args = ap.parse_args(argv)
+    try:
+        values: dict[str, Any] = {}
+        for f in args.values:
+            values = merge_values(values, _load_yaml_map(Path(f), "values"))
+        for s in args.set:
+            values = merge_values(values, parse_set(s))
+        rendered = render_chart(args.chart, values, release=args.release, namespace=args.namespace)
+        manifests(rendered)
+    except (TemplateError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    name = _load_yaml_map(Path(args.chart) / "Chart.yaml", "Chart.yaml")["name"]
+    sys.stdout.write(helm_template_output(name, rendered))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
