@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import base64
 import copy
+import hashlib
 import json
 import re
 import sys
@@ -373,6 +374,17 @@ def _printf(fmt: str, *args: Any) -> str:
 _NOTHING = object()
 
 
+def _index(coll: Any, *keys: Any) -> Any:
+    for k in keys:
+        if isinstance(coll, dict):
+            coll = coll.get(k)
+        elif isinstance(coll, (list, tuple)) and isinstance(k, int) and 0 <= k < len(coll):
+            coll = coll[k]
+        else:
+            raise TemplateError(f"index of {type(coll).__name__} with {k!r}")
+    return coll
+
+
 def _dict(*kv: Any) -> dict[str, Any]:
     if len(kv) % 2:
         raise TemplateError("dict needs key/value pairs")
@@ -410,12 +422,16 @@ FUNCS: dict[str, Callable[..., Any]] = {
     "toString": to_text,
     "int": lambda v: int(v or 0),
     "b64enc": lambda s: base64.b64encode(to_text(s).encode()).decode(),
+    "sha256sum": lambda s: hashlib.sha256(to_text(s).encode()).hexdigest(),
+    "index": _index,
     "join": lambda sep, v: sep.join(to_text(x) for x in (v or [])),
     "list": lambda *v: list(v),
     "dict": _dict,
     "hasKey": lambda m, k: isinstance(m, dict) and k in m,
     "empty": lambda v: not truth(v),
     "not": lambda v: not truth(v),
+    "and": lambda *v: next((x for x in v if not truth(x)), v[-1]),
+    "or": lambda *v: next((x for x in v if truth(x)), v[-1]),
     "eq": lambda a, *bs: any(a == b for b in bs),
     "ne": _cmp(lambda a, b: a != b),
     "lt": _cmp(lambda a, b: a < b),
@@ -626,7 +642,9 @@ def render_chart(
     for key in ("apiVersion", "name", "version"):
         if key not in meta:
             raise TemplateError(f"Chart.yaml: {key} is missing")
-    merged = merge_values(_load_yaml_map(chart / "values.yaml", "values"), dict(values or {}))
+    defaults = chart / "values.yaml"
+    base = _load_yaml_map(defaults, "values") if defaults.exists() else {}
+    merged = merge_values(base, dict(values or {}))
     major, minor = kube_version.lstrip("v").split(".")[:2]
     root = {
         "Values": merged,
