@@ -1,28 +1,27 @@
 """``drahealth taint`` / ``drahealth untaint``: the kubectl-taint UX for one DRA device.
 
-Owns the two commands. ``taint`` creates (or updates, or leaves unchanged) the
-operator's DeviceTaintRule for a device and taint key; ``untaint`` deletes the rules
-drahealth created for that device and key (the operator's and the controller's), never
-a rule someone else created. Exit codes: 0 done, 1 API error or nothing to untaint,
-2 usage error.
+Owns the two commands (the API work is :mod:`drahealth.remedy._operator`). ``taint``
+creates (or updates, or leaves unchanged) the operator's DeviceTaintRule for a device
+and taint key; ``untaint`` deletes the rules drahealth created for that device and key
+(the operator's and the controller's), never a rule someone else created. Exit codes:
+0 done, 1 API error or nothing to untaint, 2 usage error.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
-from typing import Any
 
 import click
 import yaml
-from lightkube import ApiError, Client
-from lightkube.resources.resource_v1 import DeviceTaintRule
+from lightkube import ApiError, AsyncClient
 
-from drahealth.kube import KubeConfigError, make_sync_client
+from drahealth.kube import KubeConfigError, make_client
+from drahealth.remedy._operator import apply_taint, remove_taints
 from drahealth.remedy._rules import (
     EFFECTS,
     DeviceRef,
     RuleError,
-    created_by,
     parse_device,
     rule_body,
     validate_taint,
@@ -38,22 +37,13 @@ def _device(_ctx: click.Context, _param: click.Parameter, value: str) -> DeviceR
         raise click.BadParameter(str(exc)) from exc
 
 
-def _client(kubeconfig: str) -> Client:
+def _client(kubeconfig: str) -> AsyncClient:
     if not os.path.isfile(kubeconfig):
         raise click.BadParameter(f"{kubeconfig}: no such file", param_hint="--kubeconfig")
     try:
-        return make_sync_client(kubeconfig, field_manager="drahealth-taint")
+        return make_client(kubeconfig, field_manager="drahealth-taint")
     except KubeConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--kubeconfig") from exc
-
-
-def _selects(rule: Any, device: DeviceRef) -> bool:
-    sel = rule.spec.deviceSelector if rule.spec else None
-    return sel is not None and (sel.driver, sel.pool, sel.device) == (
-        device.driver,
-        device.pool,
-        device.device,
-    )
 
 
 _KUBECONFIG = click.option(
@@ -83,28 +73,18 @@ def taint_command(
     if dry_run:
         click.echo(yaml.safe_dump(body, sort_keys=False), nl=False)
         return
-    client = _client(kubeconfig)
-    try:
+
+    async def run() -> str:
+        client = _client(kubeconfig)
         try:
-            current = client.get(DeviceTaintRule, name)
+            _, outcome = await apply_taint(client, device, key=key, value=value, effect=effect)
         except ApiError as exc:
-            if exc.status.code != 404:
-                raise
-            client.create(DeviceTaintRule.from_dict(body))  # type: ignore[call-overload]
-            click.echo(f"devicetaintrule/{name} created")
-            return
-        taint = current.spec.taint if current.spec else None
-        if taint is not None and (taint.effect, taint.value or "") == (effect, value):
-            click.echo(f"devicetaintrule/{name} unchanged")
-            return
-        updated = current.to_dict()
-        updated["spec"]["taint"] = body["spec"]["taint"]
-        client.replace(DeviceTaintRule.from_dict(updated))  # type: ignore[call-overload]
-        click.echo(f"devicetaintrule/{name} updated")
-    except ApiError as exc:
-        raise click.ClickException(f"devicetaintrule/{name}: {exc.status.message}") from exc
-    finally:
-        client.close()
+            raise click.ClickException(f"devicetaintrule/{name}: {exc.status.message}") from exc
+        finally:
+            await client.close()
+        return f"devicetaintrule/{name} {outcome}"
+
+    click.echo(asyncio.run(run()))
 
 
 @click.command("untaint")
@@ -116,27 +96,19 @@ def taint_command(
 )
 def untaint_command(kubeconfig: str, device: DeviceRef, key: str, effect: str | None) -> None:
     """Remove the drahealth-made DeviceTaintRules of one device and KEY."""
-    client = _client(kubeconfig)
-    deleted = 0
-    try:
-        for rule in client.list(DeviceTaintRule):
-            taint = rule.spec.taint if rule.spec else None
-            if (
-                taint is None
-                or taint.key != key
-                or (effect is not None and taint.effect != effect)
-                or not _selects(rule, device)
-                or created_by(rule) is None
-            ):
-                continue
-            assert rule.metadata is not None and rule.metadata.name
-            client.delete(DeviceTaintRule, rule.metadata.name)
-            click.echo(f"devicetaintrule/{rule.metadata.name} deleted")
-            deleted += 1
-    except ApiError as exc:
-        raise click.ClickException(f"deleting taint rules: {exc.status.message}") from exc
-    finally:
-        client.close()
+
+    async def run() -> list[str]:
+        client = _client(kubeconfig)
+        try:
+            return await remove_taints(client, device, key=key, effect=effect)
+        except ApiError as exc:
+            raise click.ClickException(f"deleting taint rules: {exc.status.message}") from exc
+        finally:
+            await client.close()
+
+    deleted = asyncio.run(run())
+    for name in deleted:
+        click.echo(f"devicetaintrule/{name} deleted")
     if not deleted:
         raise click.ClickException(
             f"no drahealth DeviceTaintRule taints {device} with key {key}"
