@@ -6,13 +6,22 @@ build step), ``/api/state`` the current :func:`~._state.snapshot`, ``/api/events
 (coalesced, only when it differs; a comment every 15 s keeps proxies from closing it),
 ``/api/history?device=DRIVER/POOL/DEVICE`` the device's controller actions and Events,
 and ``/healthz``. Reflectors on the kinds the snapshot reads keep it current.
+
+Access: without a token the dashboard is read-only (the actions answer 403). With a
+token, every route but ``/healthz`` needs it (``Authorization: Bearer <token>``, or
+the HttpOnly cookie that ``/?token=<token>`` sets), and two actions are served:
+``POST /api/taint`` ``{"device", "key", "value", "effect"}`` (the operator's rule, as
+``drahealth taint``) and ``POST /api/untaint`` ``{"device", "key"}`` (as ``drahealth
+untaint``). Bad bodies get 400 naming the field; nothing is written then.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
 
@@ -23,17 +32,28 @@ from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim, Reso
 
 from drahealth._aio import cancel_and_wait
 from drahealth.kube import Reflector
+from drahealth.remedy._operator import apply_taint, remove_taints
+from drahealth.remedy._rules import RuleError, parse_device
 from drahealth.web._state import snapshot
 
 __all__ = ["Dashboard"]
 
 log = logging.getLogger(__name__)
 
+COOKIE = "drahealth_token"
+READ_ONLY = "the dashboard is read-only: start it with --token-file to allow taint/untaint"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
 
 class Dashboard:
     """See the module docstring. ``start()`` returns once the first snapshot is built."""
 
-    def __init__(self, client: AsyncClient, *, history_namespace: str = "default") -> None:
+    def __init__(
+        self, client: AsyncClient, *, history_namespace: str = "default", token: str | None = None
+    ) -> None:
+        if token is not None and len(token) < 16:
+            raise ValueError("the dashboard token must be at least 16 characters")
+        self.token = token
         self.client = client
         self.history_namespace = history_namespace
         self.reflectors: dict[str, Reflector[Any]] = {
@@ -62,8 +82,10 @@ class Dashboard:
             await r.wait_synced()
         self._refresh()
         self._tasks.append(asyncio.create_task(self._loop(), name="dashboard-refresh"))
-        app = web.Application()
+        app = web.Application(middlewares=[self._auth], client_max_size=64 * 1024)
         app.router.add_get("/", self._index)
+        app.router.add_post("/api/taint", self._taint)
+        app.router.add_post("/api/untaint", self._untaint)
         app.router.add_get("/api/state", self._state)
         app.router.add_get("/api/events", self._events)
         app.router.add_get("/api/history", self._history)
@@ -116,6 +138,75 @@ class Dashboard:
     async def _index(self, _request: web.Request) -> web.Response:
         page = resources.files("drahealth.web").joinpath("static/index.html").read_text()
         return web.Response(text=page, content_type="text/html")
+
+    # -- access and actions ------------------------------------------------------------
+
+    @web.middleware
+    async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self.token is None or request.path == "/healthz":
+            return await handler(request)
+        offered = request.query.get("token") if request.path == "/" else None
+        if offered is not None and hmac.compare_digest(offered.encode(), self.token.encode()):
+            found = web.HTTPFound("/")
+            found.set_cookie(COOKIE, self.token, httponly=True, samesite="Strict")
+            raise found
+        header = request.headers.get("Authorization", "")
+        given = header.removeprefix("Bearer ") if header.startswith("Bearer ") else None
+        given = given if given is not None else request.cookies.get(COOKIE)
+        if given is None or not hmac.compare_digest(given.encode(), self.token.encode()):
+            return web.json_response({"error": "a valid token is required"}, status=401)
+        return await handler(request)
+
+    async def _body(self, request: web.Request, fields: tuple[str, ...]) -> dict[str, str]:
+        try:
+            body = await request.json()
+        except ValueError:
+            raise web.HTTPBadRequest(
+                text=json.dumps({"error": "the body must be a JSON object"}),
+                content_type="application/json",
+            ) from None
+        if not isinstance(body, dict):
+            body = None
+        problems = [
+            f for f in fields
+            if body is None or not isinstance(body.get(f, "" if f == "value" else None), str)
+        ]  # fmt: skip
+        if body is None or problems:
+            raise web.HTTPBadRequest(
+                text=json.dumps({"error": f"string field(s) required: {', '.join(problems)}"}),
+                content_type="application/json",
+            )
+        return {f: str(body.get(f, "")) for f in fields}
+
+    async def _taint(self, request: web.Request) -> web.Response:
+        if self.token is None:
+            return web.json_response({"error": READ_ONLY}, status=403)
+        b = await self._body(request, ("device", "key", "value", "effect"))
+        try:
+            device = parse_device(b["device"])
+            name, outcome = await apply_taint(
+                self.client, device, key=b["key"], value=b["value"], effect=b["effect"]
+            )
+        except RuleError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        except ApiError as exc:
+            return web.json_response({"error": exc.status.message or str(exc)}, status=502)
+        log.warning("dashboard: devicetaintrule/%s %s for %s", name, outcome, device)
+        return web.json_response({"rule": name, "outcome": outcome})
+
+    async def _untaint(self, request: web.Request) -> web.Response:
+        if self.token is None:
+            return web.json_response({"error": READ_ONLY}, status=403)
+        b = await self._body(request, ("device", "key"))
+        try:
+            device = parse_device(b["device"])
+            deleted = await remove_taints(self.client, device, key=b["key"])
+        except RuleError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        except ApiError as exc:
+            return web.json_response({"error": exc.status.message or str(exc)}, status=502)
+        log.warning("dashboard: deleted %s for %s", deleted or "nothing", device)
+        return web.json_response({"deleted": deleted})
 
     async def _healthz(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok")

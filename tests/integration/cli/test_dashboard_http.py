@@ -1,13 +1,17 @@
-"""The dashboard's HTTP API without a browser: state, events, history, bad input."""
+"""The dashboard's HTTP API without a browser: state, events, history, bad input, the
+read-only default and the token that guards every route and enables taint/untaint."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import aiohttp
+import pytest
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import ConfigMap
+from lightkube.resources.resource_v1 import DeviceTaintRule
 from lightkube.types import PatchType
 
 from drahealth.web import Dashboard
@@ -73,3 +77,98 @@ async def _next_event(stream: aiohttp.ClientResponse) -> str:
         elif line == "" and data:
             return data
     raise AssertionError("the stream ended")
+
+
+TOKEN = "s3cret-token-0123456789"
+
+
+async def test_without_a_token_actions_are_refused_and_nothing_is_written(
+    client: AsyncClient,
+) -> None:
+    await scenario(client)
+    dashboard = Dashboard(client)
+    url = await dashboard.start()
+    before = [r.metadata.name async for r in client.list(DeviceTaintRule) if r.metadata]
+    try:
+        async with aiohttp.ClientSession() as http:
+            body = {"device": f"{D}/{NODE}/gpu-0", "key": "example.com/m", "effect": "NoSchedule"}
+            for path in ("api/taint", "api/untaint"):
+                async with http.post(url + path, json=body) as resp:
+                    assert resp.status == 403
+                    assert "read-only" in (await resp.json())["error"]
+            async with http.get(url + "api/state") as resp:
+                assert resp.status == 200
+    finally:
+        await dashboard.stop()
+    after = [r.metadata.name async for r in client.list(DeviceTaintRule) if r.metadata]
+    assert after == before
+
+
+async def test_token_guards_every_route_and_enables_taint_untaint(client: AsyncClient) -> None:
+    await scenario(client)
+    with pytest.raises(ValueError, match="at least 16"):
+        Dashboard(client, token="short")
+    dashboard = Dashboard(client, token=TOKEN)
+    url = await dashboard.start()
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    device = f"{D}/{NODE}/gpu-0"
+    try:
+        async with aiohttp.ClientSession() as http:
+            for path in ("", "api/state", "api/history?device=a/b/c"):
+                async with http.get(url + path) as resp:
+                    assert resp.status == 401, path
+            async with http.get(url + "api/state", headers={"Authorization": "Bearer wrong"}) as r:
+                assert r.status == 401
+            async with http.get(url + "healthz") as resp:
+                assert resp.status == 200  # probes need no token
+            async with http.get(url + "api/state", headers=auth) as resp:
+                assert resp.status == 200
+            before = [r.metadata async for r in client.list(DeviceTaintRule)]
+            # malformed bodies: 400 naming the problem, nothing written
+            bad: list[tuple[object, str]] = [
+                ("not json", "JSON object"),
+                ([1, 2], "string field(s) required: device, key, value, effect"),
+                ({"device": device, "key": "example.com/m"}, "required: effect"),
+                ({"device": "gpu-0", "key": "example.com/m", "effect": "NoSchedule"},
+                 "DRIVER/POOL/DEVICE"),
+                ({"device": device, "key": "bad key!", "effect": "NoSchedule"}, "key"),
+                ({"device": device, "key": "example.com/m", "effect": "Sometimes"}, "effect"),
+            ]  # fmt: skip
+            for payload, message in bad:
+                kw = {"data": payload} if isinstance(payload, str) else {"json": payload}
+                async with http.post(url + "api/taint", headers=auth, **kw) as resp:  # type: ignore[arg-type]
+                    assert resp.status == 400, payload
+                    assert message in (await resp.json())["error"], payload
+            assert [r.metadata async for r in client.list(DeviceTaintRule)] == before
+            body = {"device": device, "key": "example.com/m", "effect": "NoSchedule"}
+            async with http.post(url + "api/taint", headers=auth, json=body) as resp:
+                assert resp.status == 200
+                made = await resp.json()
+                assert made["outcome"] == "created"
+            async with http.post(url + "api/taint", headers=auth, json=body) as resp:
+                assert (await resp.json())["outcome"] == "unchanged"
+            rule = await client.get(DeviceTaintRule, made["rule"])
+            assert rule.spec is not None and rule.spec.taint.effect == "NoSchedule"
+            # the cookie path: /?token= sets it, later requests carry it
+            async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as browser:
+                async with browser.get(url, params={"token": TOKEN}) as resp:
+                    assert resp.status == 200 and "EventSource" in await resp.text()
+                async with browser.post(url + "api/untaint", json={"device": device,
+                                        "key": "example.com/m"}) as resp:  # fmt: skip
+                    assert resp.status == 200
+                    assert (await resp.json())["deleted"] == [made["rule"]]
+    finally:
+        await dashboard.stop()
+
+
+def test_token_file_errors_are_named(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from drahealth.web.cli import dashboard_command
+
+    short = tmp_path / "short"
+    short.write_text("abc\n")
+    for path, message in ((tmp_path / "missing", "No such file"), (short, "at least 16")):
+        result = CliRunner().invoke(dashboard_command, ["--token-file", str(path)])
+        assert result.exit_code == 2
+        assert "--token-file" in result.output and message in result.output
