@@ -89,3 +89,43 @@ async def test_a_real_plugin_registers_among_1000_dead_sockets_and_hostile_entri
         out_sock.close()
         for s in junk:
             s.close()
+
+
+OTHER_UID = 54321
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a socket to another user needs root")
+async def test_sockets_owned_by_other_users_are_refused(dirs: tuple[str, str]) -> None:
+    """A registration socket or endpoint someone else owns is never registered; the
+    same plugin is accepted when its owner is allowed."""
+    base, registry = dirs
+    endpoint = f"{base}/plugins/raw/dra.sock"
+    os.makedirs(os.path.dirname(endpoint))
+    dra = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dra.bind(endpoint)
+    dra.listen()
+    foreign_reg = RawPlugin(raw_info(endpoint=endpoint))
+    foreign_endpoint = RawPlugin(raw_info("raw2.example.com", endpoint=endpoint))
+    handler = RecordingHandler()
+    try:
+        async with (
+            serve(f"{registry}/foreign-reg.sock", foreign_reg),
+            serve(f"{registry}/mine-reg.sock", foreign_endpoint),
+        ):
+            os.chown(f"{registry}/foreign-reg.sock", OTHER_UID, OTHER_UID)
+            os.chown(endpoint, OTHER_UID, OTHER_UID)
+            async with watching(registry, handler) as watcher:
+                await eventually(lambda: watcher.stats()["rejections"] == 2, what="2 refusals")
+                for _ in range(3):
+                    await watcher.rescan()
+                assert handler.calls == [] and watcher.registered == {}
+                assert foreign_reg.get_info_calls == 0  # not even asked
+                [(ok, error)] = foreign_endpoint.statuses
+                assert not ok and f"owned by uid {OTHER_UID}" in error
+            # an operator who runs drivers as that user allows it explicitly
+            handler = RecordingHandler()
+            async with watching(registry, handler, allowed_uids=[0, OTHER_UID]) as watcher:
+                await eventually(lambda: len(watcher.registered) == 2, what="both registered")
+        print(f"\nforeign-owned sockets: 2 refused, 0 registered; allowed uid {OTHER_UID}: 2")
+    finally:
+        dra.close()

@@ -68,6 +68,8 @@ class AgentConfig:
     resource_id: Literal["cdi", "device"] = "cdi"
     #: Endpoints must lie inside one of these (default: the registry dir's parent).
     allowed_roots: Sequence[str] | None = None
+    #: Owners plugin sockets may have (default: root and the agent's user).
+    allowed_uids: Sequence[int] | None = None
     rescan_interval: float = 1.0
     probe_interval: float = 10.0
     resync_interval: float = 60.0
@@ -126,6 +128,7 @@ class NodeAgent:
             config.registry_dir,
             self.registry,
             allowed_roots=roots,
+            allowed_uids=config.allowed_uids,
             rescan_interval=config.rescan_interval,
             probe_interval=config.probe_interval,
             notify=config.mode == "kubelet",

@@ -131,7 +131,10 @@ class PluginWatcher:
 
     ``allowed_roots``: endpoints must lie inside one of these (default: the parent
     of ``registry_dir``, the kubelet root that holds ``plugins_registry/`` and
-    ``plugins/``). ``rescan_interval``: longest time between two passes.
+    ``plugins/``). ``allowed_uids``: owners a registration socket and its endpoint
+    socket may have (default: root and this process's user); a socket someone else
+    created is refused, so an unprivileged user who can write the directory cannot
+    pose as a driver. ``rescan_interval``: longest time between two passes.
     ``probe_interval`` / ``probe_failures``: liveness probing of registered
     sockets. ``getinfo_timeout``: every ``GetInfo`` (registration and probes);
     ``notify_timeout``: every ``NotifyRegistrationStatus``. ``notify=False``
@@ -145,6 +148,7 @@ class PluginWatcher:
         handler: RegistrationHandler,
         *,
         allowed_roots: Sequence[str] | None = None,
+        allowed_uids: Sequence[int] | None = None,
         rescan_interval: float = 1.0,
         probe_interval: float = 10.0,
         probe_failures: int = 2,
@@ -165,6 +169,7 @@ class PluginWatcher:
             if not os.path.isabs(root):
                 raise ValueError(f"allowed root {root!r} must be an absolute path")
         self._roots = tuple(allowed_roots)
+        self._uids = frozenset(allowed_uids if allowed_uids is not None else (0, os.geteuid()))
         self._handler = handler
         self._rescan_interval = positive_seconds("rescan_interval", rescan_interval)
         self._probe_interval = positive_seconds("probe_interval", probe_interval)
@@ -401,6 +406,12 @@ class PluginWatcher:
             entry.state = _State.REJECTED
             self._stats["rejections"] += 1
             return
+        foreign = self._foreign_owner(path)
+        if foreign is not None:
+            log.warning("refusing registration socket %s: %s", path, foreign)
+            entry.state = _State.REJECTED
+            self._stats["rejections"] += 1
+            return
         async with grpc.aio.insecure_channel(f"unix:{path}") as channel:
             stub = api.registration_grpc.RegistrationStub(channel)
             answer = await self._get_info(stub, path)
@@ -418,6 +429,13 @@ class PluginWatcher:
                 self._stats["rejections"] += 1
                 log.warning("refusing plugin at %s: %s", path, exc)
                 await self._notify(stub, path, False, str(exc))
+                return
+            foreign = self._foreign_owner(info.endpoint)
+            if foreign is not None:
+                entry.state = _State.REJECTED
+                self._stats["rejections"] += 1
+                log.warning("refusing plugin %s at %s: endpoint %s", info.driver, path, foreign)
+                await self._notify(stub, path, False, f"endpoint {info.endpoint}: {foreign}")
                 return
             refusal = await self._call_register(info)
             if refusal is not None:
@@ -438,6 +456,17 @@ class PluginWatcher:
                 "registered DRA plugin %s (endpoint %s) from %s", info.driver, info.endpoint, path
             )
             await self._notify(stub, path, True, "")
+
+    def _foreign_owner(self, path: str) -> str | None:
+        """Why the socket at ``path`` may not be trusted (its owner), or ``None``."""
+        try:
+            uid = os.lstat(path).st_uid
+        except OSError:
+            return None  # gone or not there yet: the connection attempt decides
+        if uid in self._uids:
+            return None
+        allowed = ", ".join(str(u) for u in sorted(self._uids))
+        return f"owned by uid {uid}, not by an allowed user ({allowed})"
 
     async def _call_register(self, info: PluginInfo) -> str | None:
         """``handler.register(info)``; the refusal text, or ``None`` on success."""

@@ -135,6 +135,13 @@ def _gates(ctx: click.Context, param: click.Parameter, value: str) -> dict[str, 
     help="Plugin endpoints must lie inside this directory [default: the registry dir's parent].",
 )
 @click.option(
+    "--allowed-uid",
+    "allowed_uids",
+    multiple=True,
+    type=click.IntRange(min=0),
+    help="A user whose plugin sockets are trusted [default: root and the agent's user].",
+)
+@click.option(
     "--podresources-socket",
     default="/var/lib/kubelet/pod-resources/kubelet.sock",
     show_default=True,
@@ -164,6 +171,7 @@ def agent_command(
     feature_gates: dict[str, bool],
     resource_id: str,
     allowed_roots: tuple[str, ...],
+    allowed_uids: tuple[int, ...],
     podresources_socket: str,
     podresources_interval: float,
     resync_interval: float,
@@ -186,6 +194,7 @@ def agent_command(
             health_message=feature_gates["ResourceHealthStatusMessage"],
             resource_id=resource_id,  # type: ignore[arg-type]
             allowed_roots=[os.path.abspath(r) for r in allowed_roots] or None,
+            allowed_uids=list(allowed_uids) or None,
             metrics_port=metrics_port,
             metrics_host=metrics_host,
             postmortem_namespace=namespace,
