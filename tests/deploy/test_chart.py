@@ -159,6 +159,7 @@ def test_rbac_is_least_privilege() -> None:
     assert agent == {("", "pods", "get")} | events
     controller = _grants(one(manifests, "ClusterRole", "-controller")["rules"])
     assert ("", "pods/eviction", "create") in controller
+    assert ("resource.k8s.io", "devicetaintrules/status", "patch") in controller
     assert ("", "pods", "delete") not in controller and ("", "pods", "patch") not in controller
     assert not any(r == "configmaps" for _, r, _ in controller)  # namespaced Role only
     # every binding points at a role and a service account the chart creates
