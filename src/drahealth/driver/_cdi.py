@@ -97,10 +97,17 @@ class CDISpecs:
         atomic_write(self.spec_path(claim_uid), data, mode=0o644)
         return [self.device_id(claim_uid, d.device, d.share_id) for d in devices]
 
+    def _temp_path(self, claim_uid: str) -> str:
+        """Where :func:`atomic_write` stages the spec (left behind by a crash mid-write)."""
+        path = self.spec_path(claim_uid)
+        return os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
+
     def remove(self, claim_uid: str) -> None:
-        """Delete the claim's spec; a missing file is fine."""
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.spec_path(claim_uid))
+        """Delete the claim's spec and a temporary file a crash mid-write left; a missing
+        file is fine."""
+        for path in (self.spec_path(claim_uid), self._temp_path(claim_uid)):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
     def exists(self, claim_uid: str) -> bool:
         return os.path.exists(self.spec_path(claim_uid))
@@ -109,6 +116,9 @@ class CDISpecs:
         """Rewrite the spec of every completed claim of a loaded checkpoint whose file is
         missing; returns how many were written. Errors are logged, not raised."""
         written = 0
+        for uid in claims:  # a crash mid-write leaves the staging file: never reused
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._temp_path(uid))
         for uid, entry in sorted(claims.items()):
             if entry.state is not ClaimState.PREPARE_COMPLETED or not entry.devices:
                 continue
