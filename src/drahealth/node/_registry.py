@@ -64,7 +64,12 @@ log = logging.getLogger(__name__)
 DEFAULT_CALL_TIMEOUT: Final = 45.0
 
 #: Channel options of an instance: reconnect quickly after a plugin restart.
+#: Largest gRPC message the agent takes from or sends to a plugin (as the toolkit's servers).
+MAX_MESSAGE_BYTES: Final = 16 * 1024 * 1024
+
 _CHANNEL_OPTIONS: Final[list[tuple[str, Any]]] = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 5000),
