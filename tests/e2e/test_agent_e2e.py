@@ -345,7 +345,7 @@ async def test_agent_usage_errors(base: str) -> None:
         return cast(int, proc.returncode), out.decode()
 
     rc, out = await run("--state-dir", f"{base}/a")
-    assert rc == 2 and "--kubeconfig is required in kubelet mode" in out
+    assert rc == 2 and "kubelet mode needs API access: --kubeconfig or --in-cluster" in out
     rc, out = await run(
         "--state-dir", f"{base}/a", "--kubeconfig", f"{base}/k", "--feature-gates", "Bogus=true"
     )
