@@ -14,6 +14,7 @@ import socket
 import click
 
 from drahealth import api
+from drahealth.cli._options import IN_CLUSTER, METRICS_HOST
 from drahealth.driver._sample import (
     DEFAULT_DRIVER_NAMES,
     PROFILES,
@@ -98,17 +99,8 @@ def _say(line: str) -> None:
     default=None,
     help="Serve Prometheus metrics on --metrics-host:PORT/metrics (0 picks a free port).",
 )
-@click.option(
-    "--metrics-host",
-    default="127.0.0.1",
-    show_default=True,
-    help="Address /metrics listens on (0.0.0.0 for Prometheus in a cluster).",
-)
-@click.option(
-    "--in-cluster",
-    is_flag=True,
-    help="API access through $KUBECONFIG or the pod's service account (as deployed).",
-)
+@METRICS_HOST
+@IN_CLUSTER
 @click.option(
     "--partitions",
     type=click.IntRange(min=0),

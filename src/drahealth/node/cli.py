@@ -17,6 +17,7 @@ import socket
 import click
 
 from drahealth import api
+from drahealth.cli._options import IN_CLUSTER, METRICS_HOST
 from drahealth.kube import KubeConfigError
 
 __all__ = ["agent_command", "parse_feature_gates"]
@@ -87,11 +88,7 @@ def _gates(ctx: click.Context, param: click.Parameter, value: str) -> dict[str, 
     show_default=True,
     help="Namespace of the agent's ConfigMaps (device health, post-mortem records).",
 )
-@click.option(
-    "--in-cluster",
-    is_flag=True,
-    help="API access through $KUBECONFIG or the pod's service account (as deployed).",
-)
+@IN_CLUSTER
 @click.option(
     "--default-timeout",
     type=click.FloatRange(min=0.001),
@@ -109,12 +106,7 @@ def _gates(ctx: click.Context, param: click.Parameter, value: str) -> dict[str, 
 @click.option(
     "--metrics-port", type=click.IntRange(0, 65535), default=None, help="Serve /metrics here."
 )
-@click.option(
-    "--metrics-host",
-    default="127.0.0.1",
-    show_default=True,
-    help="Address /metrics listens on (0.0.0.0 for Prometheus in a cluster).",
-)
+@METRICS_HOST
 @click.option(
     "--feature-gates",
     default="",

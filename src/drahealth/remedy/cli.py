@@ -18,6 +18,7 @@ import socket
 
 import click
 
+from drahealth.cli._options import METRICS_HOST
 from drahealth.core._policy import Policy, PolicyError
 from drahealth.kube import KubeConfigError
 
@@ -53,12 +54,7 @@ __all__ = ["controller_command"]
     default=None,
     help="Serve /metrics on --metrics-host:PORT (0 picks one).",
 )
-@click.option(
-    "--metrics-host",
-    default="127.0.0.1",
-    show_default=True,
-    help="Address /metrics listens on (0.0.0.0 for Prometheus in a cluster).",
-)
+@METRICS_HOST
 def controller_command(
     kubeconfig: str | None,
     policy_file: str,
