@@ -46,6 +46,7 @@ from drahealth.controlplane import APIServer
 from drahealth.kube import Reflector, make_client, object_key, resource_version
 from tests.e2e.test_agent_e2e import AgentProcess, make_pod, wait_health
 from tests.integration.driver.test_sample_driver import NODE, DriverProcess, inject
+from tests.reliability.test_half_open_streams import until
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -304,19 +305,6 @@ async def truth(direct: AsyncClient) -> dict[tuple[str, str], int]:
 
 def stored(reflector: Reflector[ConfigMap]) -> dict[tuple[str, str], int]:
     return {k: int(resource_version(o) or 0) for k, o in reflector.store.items()}
-
-
-async def until(check: Any, within: float, what: str) -> float:
-    """Poll ``check`` (sync or async) until true; the seconds it took."""
-    t0 = time.monotonic()
-    while True:
-        result = check()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return time.monotonic() - t0
-        assert time.monotonic() - t0 < within, f"timed out after {within} s waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 async def writer(
