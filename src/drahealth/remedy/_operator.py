@@ -17,13 +17,14 @@ from lightkube.resources.resource_v1 import DeviceTaintRule
 
 from drahealth.remedy._rules import DeviceRef, created_by, rule_body, validate_taint
 
-__all__ = ["apply_taint", "remove_taints", "selects"]
+__all__ = ["apply_taint", "names_device", "remove_taints"]
 
 Outcome = Literal["created", "updated", "unchanged"]
 
 
-def selects(rule: Any, device: DeviceRef) -> bool:
-    """True if ``rule``'s device selector names exactly ``device``."""
+def names_device(rule: Any, device: DeviceRef) -> bool:
+    """True if ``rule``'s device selector names exactly ``device`` (no wildcard fields,
+    unlike :func:`drahealth.core._taints.selects`: untaint removes only such rules)."""
     sel = rule.spec.deviceSelector if rule.spec else None
     return sel is not None and (sel.driver, sel.pool, sel.device) == (
         device.driver,
@@ -70,7 +71,7 @@ async def remove_taints(
             taint is None
             or taint.key != key
             or (effect is not None and taint.effect != effect)
-            or not selects(rule, device)
+            or not names_device(rule, device)
             or created_by(rule) is None
         ):
             continue
