@@ -181,6 +181,13 @@ async def test_fault_taint_recovery_and_leader_handover(
     assert rule.spec.taint.key == "drahealth.io/unhealthy" and rule.spec.taint.value == "xid"
     assert rule.spec.deviceSelector.device == "gpu-0"
 
+    # the leader logs the create once the API answered it; kill it only after that, or the
+    # answer (and its log line) may be lost with the process while the rule already exists
+    deadline = time.monotonic() + 5
+    while not re.search(r"\btainted gpu.example.com/node-1/gpu-0\b", leader.output):
+        assert time.monotonic() < deadline, leader.output
+        await asyncio.sleep(0.02)
+
     # kill the leader: the standby takes over within the lease duration, keeps the rule
     # (no re-create) and acts on the next fault exactly once
     t0 = time.monotonic()
