@@ -1,19 +1,22 @@
 """Durable storage of the node agent's health cache: a checksummed append-only log.
 
-Owns :class:`HealthStore` (open/replay, append, drop, compaction) and the log format.
+Owns :class:`HealthStore` (open/replay, append, forget, drop, compaction) and the log
+format.
 It knows nothing of leases or clocks: it stores what the cache hands it and gives it
 back at start, where ``HealthCache.restore`` re-bases time.
 
 Format (UTF-8, one record per line)::
 
-    {"format": "drahealth-health-log", "version": 1}
+    {"format": "drahealth-health-log", "version": 2}
     <crc32 of the JSON bytes, 8 lowercase hex digits> <compact JSON record>
     ...
 
 Records are ``{"op":"set","driver":..,"pool":..,"device":..,"health":..,"message":..,
-"timeout":<s>,"seen":<unix s>,"changed":<unix s>}`` and ``{"op":"drop","driver":..}``;
-replayed in order, the last record of a device wins and a drop forgets every device of
-its driver.
+"timeout":<s>,"seen":<unix s>,"changed":<unix s>}``, ``{"op":"forget","driver":..,
+"pool":..,"device":..}`` (version 2) and ``{"op":"drop","driver":..}``; replayed in
+order, the last record of a device wins, a forget removes one device and a drop every
+device of its driver. Version 1 logs (no forget records) are read and rewritten as
+version 2 at open.
 
 Improvements over the kubelet's ``dra_health_state`` (reference section 9, items 1-3):
 a change costs one appended record, not a rewrite of every device; every
@@ -46,13 +49,15 @@ from drahealth.core._records import DeviceEntry
 __all__ = ["FORMAT", "VERSION", "HealthStore", "HealthStoreError"]
 
 FORMAT = "drahealth-health-log"
-VERSION = 1
+VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 
 _HEADER = json.dumps({"format": FORMAT, "version": VERSION}).encode() + b"\n"
 _SET_FIELDS = frozenset(
     {"op", "driver", "pool", "device", "health", "message", "timeout", "seen", "changed"}
 )
 _DROP_FIELDS = frozenset({"op", "driver"})
+_FORGET_FIELDS = frozenset({"op", "driver", "pool", "device"})
 _HEALTH_VALUES = {h.value: h for h in Health}
 
 
@@ -126,9 +131,10 @@ class HealthStore:
 
         live: dict[DeviceKey, DeviceEntry] = {}
         records = 0
+        version = VERSION
         if raw is not None:
             try:
-                live, records, good = _replay(raw)
+                live, records, good, version = _replay(raw)
             except _Corrupt as exc:
                 aside = _quarantine(path)
                 problem = (
@@ -153,20 +159,28 @@ class HealthStore:
             raise HealthStoreError(f"health store {path}: cannot open for append: {exc}") from exc
         store = cls(path, fd, size, records, float(compact_factor), min_compact_records)
         store.torn_bytes = torn
-        return store, [live[k] for k in sorted(live)], problem
+        entries = [live[k] for k in sorted(live)]
+        if version != VERSION:
+            store.compact(entries)  # rewrite an older log in the current version
+        return store, entries, problem
 
     # -- writing -------------------------------------------------------------------
 
-    def append(self, entries: Sequence[DeviceEntry]) -> None:
-        """Persist the current state of ``entries`` (one record each).
+    def append(self, entries: Sequence[DeviceEntry], forget: Sequence[DeviceKey] = ()) -> None:
+        """Persist the current state of ``entries`` (one record each) and that the
+        devices of ``forget`` are gone (one record each, after the entries).
 
         All records go out in one write, then fsync: once this returns the change
-        survives a crash. Nothing is written for an empty list. A malformed entry
+        survives a crash. Nothing is written when both are empty. A malformed entry
         raises ValueError before anything is written.
         """
-        if not entries:
+        if not entries and not forget:
             return
-        self._write(b"".join(_set_line(e) for e in entries), len(entries))
+        data = b"".join(_set_line(e) for e in entries) + b"".join(
+            _line({"op": "forget", "driver": k.driver, "pool": k.pool, "device": k.device})
+            for k in forget
+        )
+        self._write(data, len(entries) + len(forget))
 
     def drop_driver(self, driver: str) -> None:
         """Persist that every device of ``driver`` is forgotten."""
@@ -338,7 +352,7 @@ def _parse_line(line: bytes) -> dict[str, Any]:
     return record
 
 
-def _check_header(line: bytes) -> None:
+def _check_header(line: bytes) -> int:
     try:
         header = json.loads(line.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -346,12 +360,17 @@ def _check_header(line: bytes) -> None:
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise _Corrupt(f"line 1: not a {FORMAT} header: {line[:80]!r}")
     version = header.get("version")
-    if version != VERSION or isinstance(version, bool):
-        raise _Corrupt(f"line 1: unknown version {version!r} (this build reads version {VERSION})")
+    if version not in _READABLE_VERSIONS or isinstance(version, bool):
+        raise _Corrupt(
+            f"line 1: unknown version {version!r} (this build reads versions "
+            f"{', '.join(map(str, _READABLE_VERSIONS))})"
+        )
+    return int(version)
 
 
-def _replay(raw: bytes) -> tuple[dict[DeviceKey, DeviceEntry], int, int]:
-    """Live entries, record count and the length of the good prefix of ``raw``.
+def _replay(raw: bytes) -> tuple[dict[DeviceKey, DeviceEntry], int, int, int]:
+    """Live entries, record count, the length of the good prefix of ``raw`` and the
+    log's version.
 
     Raises :class:`_Corrupt` with the line number for damage other than a torn tail.
     """
@@ -360,7 +379,7 @@ def _replay(raw: bytes) -> tuple[dict[DeviceKey, DeviceEntry], int, int]:
     end = raw.find(b"\n")
     if end < 0:
         raise _Corrupt("line 1: header has no line end")
-    _check_header(raw[:end])
+    version = _check_header(raw[:end])
     good = end + 1
     # Complete lines after the header; bytes after the last newline are a torn append.
     lines = raw[good:].split(b"\n")
@@ -387,13 +406,21 @@ def _replay(raw: bytes) -> tuple[dict[DeviceKey, DeviceEntry], int, int]:
                 driver = _name(record, "driver")
                 for key in [k for k in live if k.driver == driver]:
                     del live[key]
+            elif op == "forget" and version >= 2:
+                extra = sorted(set(record) - _FORGET_FIELDS)
+                if extra:
+                    raise _Corrupt(f"forget record has unknown fields {extra}")
+                key = DeviceKey(
+                    _name(record, "driver"), _name(record, "pool"), _name(record, "device")
+                )
+                live.pop(key, None)
             else:
-                raise _Corrupt(f"unknown op {op!r} (expected 'set' or 'drop')")
+                raise _Corrupt(f"unknown op {op!r} (expected 'set', 'forget' or 'drop')")
         except _Corrupt as exc:
             raise _Corrupt(f"line {number}: {exc}") from None
         records += 1
         good += len(line) + 1
-    return live, records, good
+    return live, records, good, version
 
 
 def _truncate(path: str, size: int) -> None:

@@ -23,7 +23,7 @@ from drahealth.core._records import DeviceEntry
 from drahealth.node._health_store import HealthStore, HealthStoreError
 
 D = "gpu.example.com"
-HEADER = b'{"format": "drahealth-health-log", "version": 1}\n'
+HEADER = b'{"format": "drahealth-health-log", "version": 2}\n'
 
 
 def entry(
@@ -298,8 +298,8 @@ def quarantined(tmp_path: Path) -> list[Path]:
             b"[1, 2]\n", "line 1: not a drahealth-health-log header", id="header-not-object"
         ),
         pytest.param(
-            b'{"format": "drahealth-health-log", "version": 2}\n',
-            "line 1: unknown version 2 (this build reads version 1)",
+            b'{"format": "drahealth-health-log", "version": 3}\n',
+            "line 1: unknown version 3 (this build reads versions 1, 2)",
             id="future-version",
         ),
         pytest.param(
@@ -366,7 +366,7 @@ def quarantined(tmp_path: Path) -> list[Path]:
         ),
         pytest.param(
             HEADER + record_line({"op": "rename", "driver": D}),
-            "line 2: unknown op 'rename' (expected 'set' or 'drop')",
+            "line 2: unknown op 'rename' (expected 'set', 'forget' or 'drop')",
             id="unknown-op",
         ),
         pytest.param(
@@ -559,3 +559,22 @@ def test_reopen_matches_in_memory_model(program: list[tuple[object, ...]]) -> No
         assert entries == [model[k] for k in sorted(model)]
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_forget_removes_one_device_and_a_version_1_log_is_upgraded(tmp_path: Path) -> None:
+    path = tmp_path / "health.log"
+    with HealthStore.open(str(path))[0] as store:
+        store.append([entry("gpu-0"), entry("gpu-1", Health.UNHEALTHY)])
+        store.append([], forget=[DeviceKey(D, "pool", "gpu-0")])
+    reopened, entries, problem = HealthStore.open(str(path))
+    reopened.close()
+    assert problem is None and [e.device for e in entries] == ["gpu-1"]
+    # a version 1 log (no forget records) is read and rewritten as version 2
+    v1 = b'{"format": "drahealth-health-log", "version": 1}\n' + path.read_bytes().split(
+        b"\n", 1
+    )[1]
+    path.write_bytes(v1)
+    upgraded, entries, problem = HealthStore.open(str(path))
+    upgraded.close()
+    assert problem is None and [e.device for e in entries] == ["gpu-1"]
+    assert path.read_bytes().startswith(HEADER)
