@@ -570,9 +570,7 @@ def test_forget_removes_one_device_and_a_version_1_log_is_upgraded(tmp_path: Pat
     reopened.close()
     assert problem is None and [e.device for e in entries] == ["gpu-1"]
     # a version 1 log (no forget records) is read and rewritten as version 2
-    v1 = b'{"format": "drahealth-health-log", "version": 1}\n' + path.read_bytes().split(
-        b"\n", 1
-    )[1]
+    v1 = b'{"format": "drahealth-health-log", "version": 1}\n' + record_line(set_record("gpu-1"))
     path.write_bytes(v1)
     upgraded, entries, problem = HealthStore.open(str(path))
     upgraded.close()
