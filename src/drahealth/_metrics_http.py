@@ -1,7 +1,9 @@
 """The ``/metrics`` and ``/healthz`` HTTP endpoint shared by the driver and the agent.
 
 Owns a small aiohttp server that renders one private ``CollectorRegistry`` in the
-Prometheus text format. Knows nothing of which metrics it serves.
+Prometheus text format. Knows nothing of which metrics it serves. Connections go
+through :class:`~drahealth._http_guard.HTTPGuard` (header timeout, a cap of
+``METRICS_LIMITS.max_connections``, the Host check).
 """
 
 from __future__ import annotations
@@ -10,14 +12,27 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-__all__ = ["MetricsServer"]
+from drahealth._http_guard import HTTPGuard, HTTPLimits
+
+__all__ = ["METRICS_LIMITS", "MetricsServer"]
+
+# A scraper holds one or two connections; 128 leaves room and keeps fds for the rest.
+METRICS_LIMITS = HTTPLimits(max_connections=128)
 
 
 class MetricsServer:
     """``/metrics`` (Prometheus text format) and ``/healthz`` on ``host:port`` (aiohttp)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        limits: HTTPLimits = METRICS_LIMITS,
+        allowed_hosts: tuple[str, ...] = (),
+    ) -> None:
         self.registry = registry
+        self.limits = limits
+        self.allowed_hosts = allowed_hosts
         self._runner: web.AppRunner | None = None
         self._host = "127.0.0.1"
         self._port: int | None = None
@@ -34,13 +49,14 @@ class MetricsServer:
         return f"http://{self._host}:{self.port}/metrics"
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        app = web.Application()
+        guard = HTTPGuard(host, limits=self.limits, allowed_hosts=self.allowed_hosts)
+        app = web.Application(middlewares=guard.middlewares)
         app.router.add_get("/metrics", make_aiohttp_handler(self.registry))
         app.router.add_get("/healthz", _healthz)
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(app, access_log=None, **guard.runner_kwargs)
         await runner.setup()
         try:
-            await web.TCPSite(runner, host, port).start()
+            await guard.site(runner, host, port).start()
         except BaseException:
             await runner.cleanup()
             raise
