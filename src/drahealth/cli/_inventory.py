@@ -4,11 +4,16 @@ Owns :func:`device_rows` (every device that is not Healthy or carries a taint, w
 node, health, message, age, taints and the pods using it) and :func:`pod_rows` (per pod,
 its devices and their health). Inputs are API objects as dicts: the agents'
 device-health ConfigMaps, pods, ResourceClaims, ResourceSlices and DeviceTaintRules.
+
+A record's ``since`` that is not a finite number (``1e999`` parses as infinity) is
+dropped from that row (shown as unknown) and reported through ``warn``; the row stays.
 """
 
 from __future__ import annotations
 
 import datetime
+import math
+from collections.abc import Callable
 from typing import Any
 
 from drahealth.core import DeviceKey
@@ -21,9 +26,19 @@ from drahealth.remedy._view import (
     pod_observations,
 )
 
-__all__ = ["device_rows", "pod_rows"]
+__all__ = ["device_rows", "finite_since", "pod_rows"]
 
 JSON = dict[str, Any]
+Warn = Callable[[str], None]
+
+
+def finite_since(since: float | None, device: str, warn: Warn | None) -> float | None:
+    """``since`` if it is a finite number; otherwise None, and ``warn`` says so."""
+    if since is None or math.isfinite(since):
+        return since
+    if warn is not None:
+        warn(f"device {device}: ignoring its health record's since={since!r} (not finite)")
+    return None
 
 
 def _age(since: float | None, now: float) -> str:
@@ -52,6 +67,7 @@ def device_rows(
     slices: list[JSON],
     rules: list[JSON],
     now: float,
+    warn: Warn | None = None,
 ) -> list[JSON]:
     """Devices that are not Healthy or are tainted, sorted by node and device."""
     seen = observations(configmaps, pods, claims)
@@ -72,14 +88,15 @@ def device_rows(
         health = obs.health.value if obs else "Unknown"
         if health == "Healthy" and key not in taints:
             continue
+        since = finite_since(obs.since, str(key), warn) if obs else None
         rows.append(
             {
                 "node": (obs.node if obs and obs.node else "") or nodes.get(key, ""),
                 "device": str(key),
                 "health": health,
                 "message": obs.message if obs else "",
-                "since": obs.since if obs else None,
-                "age": _age(obs.since if obs else None, now),
+                "since": since,
+                "age": _age(since, now),
                 "source": obs.source if obs else "",
                 "taints": [
                     {**t, "age": _age(_timestamp(t["since"]), now)} for t in taints.get(key, [])

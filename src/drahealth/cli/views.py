@@ -6,6 +6,11 @@ stream on any DRA driver's socket. Output: a table (``-o wide`` adds columns), o
 ``json`` / ``yaml``. ``status`` exits 3 when a device that is not Healthy is used by a
 pod, so scripts and alerts can use it. Where RBAC forbids cluster-wide reads of pods,
 the commands fall back to the kubeconfig's namespace and say so.
+
+Device health is read from the node agents' records in ``--agent-namespace`` only (see
+:mod:`drahealth._agent_records`). Text from the API is shown as plain text: no rich
+markup, escape sequences and control characters removed. When the API cannot be used
+the commands print one ``error:`` line and exit 1 (2 for usage errors).
 """
 
 from __future__ import annotations
@@ -24,8 +29,12 @@ from lightkube.resources.core_v1 import ConfigMap, Event, Pod
 from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim, ResourceSlice
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
-from drahealth.kube import KubeConfigError, make_sync_client
+from drahealth._agent_records import DEFAULT_NAMESPACE, LABELS, agent_records
+from drahealth._api_failures import api_failures, load_checked
+from drahealth._text import json_text, printable
+from drahealth.kube import make_sync_client
 
 __all__ = ["history_command", "pods_command", "status_command", "watch_command"]
 
@@ -34,10 +43,18 @@ OUTPUTS = click.Choice(["table", "wide", "json", "yaml"])
 
 
 def _client(kubeconfig: str | None) -> Client:
-    try:
+    with api_failures(kubeconfig):
+        load_checked(kubeconfig)
         return make_sync_client(kubeconfig)
-    except KubeConfigError as exc:
-        raise click.BadParameter(str(exc), param_hint="--kubeconfig") from exc
+
+
+def _cell(value: object, style: str = "") -> Text:
+    """A table cell showing ``value`` as plain text (never markup, no control characters)."""
+    return Text(printable(value), style=style)
+
+
+def _warn(message: str) -> None:
+    click.echo(f"warning: {printable(message)}", err=True)
 
 
 def _list(client: Client, kind: Any, namespace: str | None, **kw: Any) -> list[dict[str, Any]]:
@@ -57,7 +74,7 @@ def _list(client: Client, kind: Any, namespace: str | None, **kw: Any) -> list[d
 
 def _emit(rows: list[dict[str, Any]], output: str, table: Table) -> None:
     if output == "json":
-        click.echo(json.dumps(rows, indent=2, ensure_ascii=False))
+        click.echo(json_text(rows, indent=2))
     elif output == "yaml":
         click.echo(yaml.safe_dump(rows, sort_keys=False, allow_unicode=True), nl=False)
     else:
@@ -69,16 +86,20 @@ def _emit(rows: list[dict[str, Any]], output: str, table: Table) -> None:
 _KUBECONFIG = click.option("--kubeconfig", metavar="FILE", help="API access [default: as kubectl].")
 _NAMESPACE = click.option("-n", "--namespace", default=None, help="Only pods of this namespace.")
 _OUTPUT = click.option("-o", "--output", type=OUTPUTS, default="table", show_default=True)
+_AGENT_NAMESPACE = click.option(
+    "--agent-namespace",
+    default=DEFAULT_NAMESPACE,
+    show_default=True,
+    help="Namespace of the node agents' device-health ConfigMaps (the agent's --namespace).",
+)
 
 
 def _api_errors(fn: Any) -> Any:
+    """One ``error:`` line and exit 1 when the API cannot be used (see the module doc)."""
+
     def wrapper(*args: Any, **kw: Any) -> Any:
-        try:
+        with api_failures(kw.get("kubeconfig")):
             return fn(*args, **kw)
-        except ApiError as exc:
-            raise click.ClickException(
-                f"API error {exc.status.code}: {exc.status.message}"
-            ) from exc
 
     wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
     return wrapper
@@ -88,8 +109,11 @@ def _api_errors(fn: Any) -> Any:
 @_KUBECONFIG
 @_NAMESPACE
 @_OUTPUT
+@_AGENT_NAMESPACE
 @_api_errors
-def status_command(kubeconfig: str | None, namespace: str | None, output: str) -> None:
+def status_command(
+    kubeconfig: str | None, namespace: str | None, output: str, agent_namespace: str
+) -> None:
     """Every device that is Unhealthy/Unknown or tainted, and the pods using it.
 
     Exits 3 when a device that is not Healthy is used by a pod.
@@ -98,8 +122,8 @@ def status_command(kubeconfig: str | None, namespace: str | None, output: str) -
 
     client = _client(kubeconfig)
     try:
-        health = _list(
-            client, ConfigMap, None, labels={"app.kubernetes.io/component": "device-health"}
+        health = agent_records(
+            _list(client, ConfigMap, agent_namespace, labels=LABELS), agent_namespace
         )
         rows = device_rows(
             health,
@@ -108,6 +132,7 @@ def status_command(kubeconfig: str | None, namespace: str | None, output: str) -
             [s.to_dict() for s in client.list(ResourceSlice)],
             [r.to_dict() for r in client.list(DeviceTaintRule)],
             time.time(),
+            _warn,
         )
     finally:
         client.close()
@@ -129,15 +154,15 @@ def status_command(kubeconfig: str | None, namespace: str | None, output: str) -
             for c in r["consumers"]
         )
         cells = [
-            r["node"],
-            r["device"],
-            f"[{colour}]{r['health']}[/]",
-            r["age"],
-            r["message"],
-            taints,
-            pods,
+            _cell(r["node"]),
+            _cell(r["device"]),
+            _cell(r["health"], colour),
+            _cell(r["age"]),
+            _cell(r["message"]),
+            _cell(taints),
+            _cell(pods),
         ]
-        table.add_row(*cells, *([r["source"]] if wide else []))
+        table.add_row(*cells, *([_cell(r["source"])] if wide else []))
     _emit(rows, output, table)
     if any(r["health"] != "Healthy" and r["consumers"] for r in rows):
         sys.exit(EXIT_BAD_DEVICES_IN_USE)
@@ -169,14 +194,15 @@ def pods_command(kubeconfig: str | None, namespace: str | None, output: str) -> 
             r["health"], "dim"
         )
         cells = [
-            r["namespace"],
-            r["pod"],
-            r["node"],
-            r["device"],
-            f"[{colour}]{r['health']}[/]",
-            r["message"],
+            _cell(r["namespace"]),
+            _cell(r["pod"]),
+            _cell(r["node"]),
+            _cell(r["device"]),
+            _cell(r["health"], colour),
+            _cell(r["message"]),
         ]
-        table.add_row(*cells, *([r["phase"], f"{r['claim']}/{r['request']}"] if wide else []))
+        extra = [_cell(r["phase"]), _cell(f"{r['claim']}/{r['request']}")] if wide else []
+        table.add_row(*cells, *extra)
     _emit(rows, output, table)
 
 
@@ -202,7 +228,14 @@ def history_command(
     try:
         try:
             cm = client.get(ConfigMap, HISTORY_CONFIGMAP, namespace=controller_namespace)
-            for h in json.loads((cm.data or {}).get("history", "[]")):
+            try:
+                entries = json.loads((cm.data or {}).get("history", "[]"))
+            except ValueError as exc:
+                _warn(f"{HISTORY_CONFIGMAP}: history is not JSON ({exc}); skipped")
+                entries = []
+            for h in entries if isinstance(entries, list) else []:
+                if not isinstance(h, dict):
+                    continue
                 if key in str(h.get("subject", "")) or key in str(h.get("message", "")):
                     rows.append(
                         {
@@ -234,10 +267,10 @@ def history_command(
     for col in ("TIME", "SOURCE", "WHAT", "MESSAGE"):
         table.add_column(col)
     for r in rows:
-        table.add_row(str(r["time"]), r["source"], r["what"], r["message"])
+        table.add_row(*(_cell(r[k]) for k in ("time", "source", "what", "message")))
     _emit(rows, output, table)
     if not rows:
-        click.echo(f"no history for {key}", err=True)
+        click.echo(f"no history for {printable(key)}", err=True)
 
 
 @click.command("watch")
@@ -279,7 +312,7 @@ async def _watch(socket: str, once: bool, output: str) -> None:
                     ]
                     stamp = time.strftime("%H:%M:%S")
                     if output == "json":
-                        click.echo(json.dumps({"time": stamp, "service": service, "devices": rows}))
+                        click.echo(json_text({"time": stamp, "service": service, "devices": rows}))
                     else:
                         table = Table(
                             title=f"{stamp} {service}: {len(rows)} devices",
@@ -293,11 +326,11 @@ async def _watch(socket: str, once: bool, output: str) -> None:
                                 r["health"], "green"
                             )
                             table.add_row(
-                                r["pool"],
-                                r["device"],
-                                f"[{colour}]{r['health']}[/]",
-                                str(r["timeoutSeconds"]),
-                                r["message"],
+                                _cell(r["pool"]),
+                                _cell(r["device"]),
+                                _cell(r["health"], colour),
+                                _cell(r["timeoutSeconds"]),
+                                _cell(r["message"]),
                             )
                         Console(highlight=False).print(table)
                     if once:

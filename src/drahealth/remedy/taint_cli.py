@@ -4,7 +4,8 @@ Owns the two commands (the API work is :mod:`drahealth.remedy._operator`). ``tai
 creates (or updates, or leaves unchanged) the operator's DeviceTaintRule for a device
 and taint key; ``untaint`` deletes the rules drahealth created for that device and key
 (the operator's and the controller's), never a rule someone else created. Exit codes:
-0 done, 1 API error or nothing to untaint, 2 usage error.
+0 done, 1 API error, API unreachable or nothing to untaint (one ``error:`` line on
+stderr naming what failed and what to check), 2 usage error.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ import os
 
 import click
 import yaml
-from lightkube import ApiError, AsyncClient
+from lightkube import AsyncClient
 
-from drahealth.kube import KubeConfigError, make_client
+from drahealth._api_failures import CommandError, api_failures, load_checked
+from drahealth.kube import make_client
 from drahealth.remedy._operator import apply_taint, remove_taints
 from drahealth.remedy._rules import (
     EFFECTS,
@@ -40,10 +42,9 @@ def _device(_ctx: click.Context, _param: click.Parameter, value: str) -> DeviceR
 def _client(kubeconfig: str) -> AsyncClient:
     if not os.path.isfile(kubeconfig):
         raise click.BadParameter(f"{kubeconfig}: no such file", param_hint="--kubeconfig")
-    try:
+    with api_failures(kubeconfig):
+        load_checked(kubeconfig)
         return make_client(kubeconfig, field_manager="drahealth-taint")
-    except KubeConfigError as exc:
-        raise click.BadParameter(str(exc), param_hint="--kubeconfig") from exc
 
 
 _KUBECONFIG = click.option(
@@ -78,13 +79,12 @@ def taint_command(
         client = _client(kubeconfig)
         try:
             _, outcome = await apply_taint(client, device, key=key, value=value, effect=effect)
-        except ApiError as exc:
-            raise click.ClickException(f"devicetaintrule/{name}: {exc.status.message}") from exc
         finally:
             await client.close()
         return f"devicetaintrule/{name} {outcome}"
 
-    click.echo(asyncio.run(run()))
+    with api_failures(kubeconfig, f"devicetaintrule/{name}"):
+        click.echo(asyncio.run(run()))
 
 
 @click.command("untaint")
@@ -101,16 +101,15 @@ def untaint_command(kubeconfig: str, device: DeviceRef, key: str, effect: str | 
         client = _client(kubeconfig)
         try:
             return await remove_taints(client, device, key=key, effect=effect)
-        except ApiError as exc:
-            raise click.ClickException(f"deleting taint rules: {exc.status.message}") from exc
         finally:
             await client.close()
 
-    deleted = asyncio.run(run())
+    with api_failures(kubeconfig, "deleting taint rules"):
+        deleted = asyncio.run(run())
     for name in deleted:
         click.echo(f"devicetaintrule/{name} deleted")
     if not deleted:
-        raise click.ClickException(
+        raise CommandError(
             f"no drahealth DeviceTaintRule taints {device} with key {key}"
             + (f" and effect {effect}" if effect else "")
         )

@@ -5,14 +5,24 @@ build step), ``/api/state`` the current :func:`~._state.snapshot`, ``/api/events
 ``text/event-stream`` that sends the snapshot at once and again after every change
 (coalesced, only when it differs; a comment every 15 s keeps proxies from closing it),
 ``/api/history?device=DRIVER/POOL/DEVICE`` the device's controller actions and Events,
-and ``/healthz``. Reflectors on the kinds the snapshot reads keep it current.
+and ``/healthz``. Reflectors on the kinds the snapshot reads keep it current; device
+health comes only from the node agents' records in ``agent_namespace`` (see
+:mod:`drahealth._agent_records`). The JSON served is always valid JSON: a state that
+cannot be written without NaN/Infinity is not published (the last good one stays).
+
+Bounds: at most :data:`MAX_STREAMS` event streams at once (more get 503); each stream
+holds at most :data:`STREAM_QUEUE` states not yet sent, and one write may block at most
+:data:`STREAM_WRITE_TIMEOUT` seconds: a client that falls behind either way is
+disconnected (the browser's EventSource reconnects and gets the current state).
 
 Access: without a token the dashboard is read-only (the actions answer 403). With a
 token, every route but ``/healthz`` needs it (``Authorization: Bearer <token>``, or
 the HttpOnly cookie that ``/?token=<token>`` sets), and two actions are served:
 ``POST /api/taint`` ``{"device", "key", "value", "effect"}`` (the operator's rule, as
 ``drahealth taint``) and ``POST /api/untaint`` ``{"device", "key"}`` (as ``drahealth
-untaint``). Bad bodies get 400 naming the field; nothing is written then.
+untaint``). Bad bodies get 400 naming the field; nothing is written then. Every
+POST/PUT/PATCH/DELETE must be ``Content-Type: application/json`` (else 415), so a
+cross-site form or ``text/plain`` request cannot ride on the cookie.
 """
 
 from __future__ import annotations
@@ -30,7 +40,10 @@ from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import ConfigMap, Event, Pod
 from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim, ResourceSlice
 
+from drahealth._agent_records import DEFAULT_NAMESPACE, LABELS, agent_records
 from drahealth._aio import cancel_and_wait
+from drahealth._http_guard import HTTPGuard, HTTPLimits
+from drahealth._text import json_text
 from drahealth.kube import Reflector
 from drahealth.remedy._operator import apply_taint, remove_taints
 from drahealth.remedy._rules import RuleError, parse_device
@@ -43,23 +56,39 @@ log = logging.getLogger(__name__)
 COOKIE = "drahealth_token"
 READ_ONLY = "the dashboard is read-only: start it with --token-file to allow taint/untaint"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+#: Event streams served at once.
+MAX_STREAMS = 256
+#: States a stream may be behind before its client is disconnected.
+STREAM_QUEUE = 8
+#: Seconds one write to a stream may block before its client is disconnected.
+STREAM_WRITE_TIMEOUT = 10.0
 
 
 class Dashboard:
     """See the module docstring. ``start()`` returns once the first snapshot is built."""
 
     def __init__(
-        self, client: AsyncClient, *, history_namespace: str = "default", token: str | None = None
+        self,
+        client: AsyncClient,
+        *,
+        history_namespace: str = "default",
+        token: str | None = None,
+        agent_namespace: str = DEFAULT_NAMESPACE,
+        limits: HTTPLimits | None = None,
+        allowed_hosts: tuple[str, ...] = (),
     ) -> None:
+        self.http_limits = limits or HTTPLimits(max_connections=256)
+        self.allowed_hosts = allowed_hosts
         if token is not None and len(token) < 16:
             raise ValueError("the dashboard token must be at least 16 characters")
         self.token = token
         self.client = client
         self.history_namespace = history_namespace
+        self.agent_namespace = agent_namespace
         self.reflectors: dict[str, Reflector[Any]] = {
             "health": Reflector(
-                client, ConfigMap, labels={"app.kubernetes.io/component": "device-health"},
-                name="web-health",
+                client, ConfigMap, namespace=agent_namespace, labels=LABELS, name="web-health"
             ),
             "pods": Reflector(client, Pod, name="web-pods"),
             "claims": Reflector(client, ResourceClaim, name="web-claims"),
@@ -68,7 +97,12 @@ class Dashboard:
         }  # fmt: skip
         self.state: dict[str, Any] = {"nodes": []}
         self._text = json.dumps(self.state)
-        self._subscribers: set[asyncio.Queue[str]] = set()
+        self._subscribers: dict[asyncio.Queue[str], web.Request] = {}
+        self.stream_queue = STREAM_QUEUE
+        self.stream_write_timeout = STREAM_WRITE_TIMEOUT
+        #: Streams disconnected for falling behind, since start.
+        self.slow_streams_closed = 0
+        self._warned: set[str] = set()
         self._dirty = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
@@ -82,7 +116,10 @@ class Dashboard:
             await r.wait_synced()
         self._refresh()
         self._tasks.append(asyncio.create_task(self._loop(), name="dashboard-refresh"))
-        app = web.Application(middlewares=[self._auth], client_max_size=64 * 1024)
+        guard = HTTPGuard(host, limits=self.http_limits, allowed_hosts=self.allowed_hosts)
+        app = web.Application(
+            middlewares=[*guard.middlewares, self._auth], client_max_size=64 * 1024
+        )
         app.router.add_get("/", self._index)
         app.router.add_post("/api/taint", self._taint)
         app.router.add_post("/api/untaint", self._untaint)
@@ -90,9 +127,9 @@ class Dashboard:
         app.router.add_get("/api/events", self._events)
         app.router.add_get("/api/history", self._history)
         app.router.add_get("/healthz", self._healthz)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, **guard.runner_kwargs)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        site = guard.site(self._runner, host, port)
         await site.start()
         bound = port
         for address in self._runner.addresses:
@@ -103,8 +140,11 @@ class Dashboard:
 
     async def stop(self) -> None:
         await cancel_and_wait(self._tasks)
-        for q in list(self._subscribers):
-            q.put_nowait("")  # wake streams so they end
+        for q, request in list(self._subscribers.items()):
+            try:
+                q.put_nowait("")  # wake streams so they end
+            except asyncio.QueueFull:
+                self._disconnect(q, request)
         if self._runner is not None:
             await self._runner.cleanup()
         for r in self.reflectors.values():
@@ -112,16 +152,42 @@ class Dashboard:
 
     # -- state -----------------------------------------------------------------------
 
+    def _warn(self, message: str) -> None:
+        if message not in self._warned and len(self._warned) < 1000:  # once per problem
+            self._warned.add(message)
+            log.warning("dashboard: %s", message)
+
     def _refresh(self) -> None:
         r = self.reflectors
         state = snapshot(
-            *(r[k].store.dicts() for k in ("health", "pods", "claims", "slices", "rules"))
+            agent_records(r["health"].store.dicts(), self.agent_namespace),
+            r["pods"].store.dicts(),
+            r["claims"].store.dicts(),
+            r["slices"].store.dicts(),
+            r["rules"].store.dicts(),
+            warn=self._warn,
         )
-        text = json.dumps(state, separators=(",", ":"))
+        try:
+            text = json_text(state, separators=(",", ":"))
+        except ValueError as exc:  # NaN/Infinity would stop every viewer's page
+            self._warn(f"state not published, it is not valid JSON: {exc}")
+            return
         if text != self._text:
             self.state, self._text = state, text
-            for q in self._subscribers:
-                q.put_nowait(text)
+            for q, request in list(self._subscribers.items()):
+                try:
+                    q.put_nowait(text)
+                except asyncio.QueueFull:
+                    self._disconnect(q, request)
+
+    def _disconnect(self, queue: asyncio.Queue[str], request: web.Request) -> None:
+        """Drop a stream whose client does not keep up; its EventSource reconnects."""
+        if self._subscribers.pop(queue, None) is None:
+            return
+        self.slow_streams_closed += 1
+        log.info("dashboard: closing a slow event stream (%s)", request.remote)
+        if request.transport is not None:
+            request.transport.abort()
 
     async def _loop(self) -> None:
         while True:
@@ -143,6 +209,10 @@ class Dashboard:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method in MUTATING and request.content_type != "application/json":
+            return web.json_response(
+                {"error": f"{request.method} needs Content-Type: application/json"}, status=415
+            )
         if self.token is None or request.path == "/healthz":
             return await handler(request)
         offered = request.query.get("token") if request.path == "/" else None
@@ -215,30 +285,43 @@ class Dashboard:
         return web.Response(text=self._text, content_type="application/json")
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
+        if len(self._subscribers) >= MAX_STREAMS:
+            return web.json_response(
+                {"error": f"too many event streams (at most {MAX_STREAMS})"}, status=503
+            )
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
-        queue: asyncio.Queue[str] = asyncio.Queue()
-        self._subscribers.add(queue)
+        queue: asyncio.Queue[str] = asyncio.Queue(maxsize=self.stream_queue)
+        self._subscribers[queue] = request
+
+        async def send(data: bytes) -> None:
+            try:
+                async with asyncio.timeout(self.stream_write_timeout):
+                    await response.write(data)
+            except TimeoutError:
+                self._disconnect(queue, request)
+                raise ConnectionResetError("the client does not read its event stream") from None
+
         try:
-            await response.write(f"event: state\ndata: {self._text}\n\n".encode())
-            while True:
+            await send(f"event: state\ndata: {self._text}\n\n".encode())
+            while queue in self._subscribers:
                 try:
                     async with asyncio.timeout(15):
                         text = await queue.get()
                 except TimeoutError:
-                    await response.write(b": keep-alive\n\n")
+                    await send(b": keep-alive\n\n")
                     continue
                 if not text:
                     break
                 while not queue.empty():  # only the newest state matters
                     text = queue.get_nowait() or text
-                await response.write(f"event: state\ndata: {text}\n\n".encode())
+                await send(f"event: state\ndata: {text}\n\n".encode())
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         finally:
-            self._subscribers.discard(queue)
+            self._subscribers.pop(queue, None)
         return response
 
     async def _history(self, request: web.Request) -> web.Response:

@@ -3,11 +3,17 @@
 Owns :func:`snapshot`: every device of every ResourceSlice, grouped by node, with its
 health and message (the agents' device-health records, then pod status), its taints
 (DeviceTaintRules and slice taints) and the pods using it. Pure; the server calls it on
-every change and pushes the result when it differs.
+every change and pushes the result when it differs. The caller passes only the agents'
+own records (see :mod:`drahealth._agent_records`). A record's ``since`` that is not a
+finite number is shown as unknown (None) and reported through ``warn``, so the state is
+always valid JSON.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from drahealth.core import DeviceKey
@@ -24,8 +30,14 @@ def snapshot(
     claims: list[JSON],
     slices: list[JSON],
     rules: list[JSON],
+    warn: Callable[[str], None] | None = None,
 ) -> JSON:
     seen = observations(configmaps, pods, claims)
+    for key, obs in list(seen.items()):
+        if obs.since is not None and not math.isfinite(obs.since):
+            if warn is not None:
+                warn(f"device {key}: ignoring its health record's since={obs.since!r} (not finite)")
+            seen[key] = replace(obs, since=None)
     taints = device_taints(rules, slices)
     users = consumers(pods, claims)
     nodes: dict[str, list[JSON]] = {}

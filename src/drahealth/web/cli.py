@@ -1,4 +1,10 @@
-"""``drahealth dashboard``: serve the device-health dashboard for any cluster."""
+"""``drahealth dashboard``: serve the device-health dashboard for any cluster.
+
+Before serving, the kubeconfig and the files it names are checked and the API server is
+asked once, so an unreachable server or a missing certificate authority is one
+``error:`` line (exit 1) naming what failed, and "cannot serve on" is said only when the
+listen address itself fails. Usage errors exit 2.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,8 @@ import signal
 
 import click
 
-from drahealth.kube import KubeConfigError
+from drahealth._agent_records import DEFAULT_NAMESPACE
+from drahealth._api_failures import CommandError, api_failures, load_checked
 
 __all__ = ["dashboard_command"]
 
@@ -22,7 +29,15 @@ __all__ = ["dashboard_command"]
     default=None,
     help="File holding a token (>= 16 characters): required to view, and allows taint/untaint.",
 )
-def dashboard_command(kubeconfig: str | None, host: str, port: int, token_file: str | None) -> None:
+@click.option(
+    "--agent-namespace",
+    default=DEFAULT_NAMESPACE,
+    show_default=True,
+    help="Namespace of the node agents' device-health ConfigMaps (the agent's --namespace).",
+)
+def dashboard_command(
+    kubeconfig: str | None, host: str, port: int, token_file: str | None, agent_namespace: str
+) -> None:
     """Serve the node x device health grid, live, until SIGTERM/SIGINT."""
     token = None
     if token_file is not None:
@@ -39,28 +54,38 @@ def dashboard_command(kubeconfig: str | None, host: str, port: int, token_file: 
         click.echo(
             f"warning: serving read-only data on {host} to anyone who can reach it", err=True
         )
-    try:
-        asyncio.run(_run(kubeconfig, host, port, token))
-    except KubeConfigError as exc:
-        raise click.BadParameter(str(exc), param_hint="--kubeconfig") from exc
-    except OSError as exc:
-        raise click.ClickException(f"cannot serve on {host}:{port}: {exc.strerror}") from exc
+    with api_failures(kubeconfig):
+        load_checked(kubeconfig)
+        asyncio.run(_run(kubeconfig, host, port, token, agent_namespace))
 
 
-async def _run(kubeconfig: str | None, host: str, port: int, token: str | None) -> None:
+async def _run(
+    kubeconfig: str | None, host: str, port: int, token: str | None, agent_namespace: str
+) -> None:
+    from lightkube.resources.resource_v1 import ResourceSlice
+
     from drahealth.kube import make_client
     from drahealth.web import Dashboard
 
     client = make_client(kubeconfig)
-    dashboard = Dashboard(client, token=token)
     try:
-        url = await dashboard.start(host, port)
-        click.echo(f"dashboard: {url}")
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        async for _ in client.list(ResourceSlice, chunk_size=1):  # is the API server there?
+            break
+        dashboard = Dashboard(client, token=token, agent_namespace=agent_namespace)
+        try:
+            try:
+                url = await dashboard.start(host, port)
+            except OSError as exc:
+                if isinstance(exc, ConnectionError):
+                    raise  # the API server, not the listen address
+                raise CommandError(f"cannot serve on {host}:{port}: {exc.strerror}") from exc
+            click.echo(f"dashboard: {url}")
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            await stop.wait()
+        finally:
+            await dashboard.stop()
     finally:
-        await dashboard.stop()
         await client.close()

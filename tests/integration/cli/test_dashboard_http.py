@@ -135,8 +135,12 @@ async def test_token_guards_every_route_and_enables_taint_untaint(client: AsyncC
                 ({"device": device, "key": "example.com/m", "effect": "Sometimes"}, "effect"),
             ]  # fmt: skip
             for payload, message in bad:
-                kw = {"data": payload} if isinstance(payload, str) else {"json": payload}
-                async with http.post(url + "api/taint", headers=auth, **kw) as resp:  # type: ignore[arg-type]
+                kw = (
+                    {"data": payload, "headers": {**auth, "Content-Type": "application/json"}}
+                    if isinstance(payload, str)
+                    else {"json": payload, "headers": auth}
+                )
+                async with http.post(url + "api/taint", **kw) as resp:  # type: ignore[arg-type]
                     assert resp.status == 400, payload
                     assert message in (await resp.json())["error"], payload
             assert [r.metadata async for r in client.list(DeviceTaintRule)] == before

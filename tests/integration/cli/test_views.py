@@ -97,6 +97,7 @@ async def scenario(client: AsyncClient) -> None:
                     "namespace": "default",
                     "labels": {
                         "app.kubernetes.io/component": "device-health",
+                        "app.kubernetes.io/managed-by": "drahealth-agent",
                         "drahealth.io/node": NODE,
                     },
                 },
