@@ -74,6 +74,9 @@ class ChangeReason(enum.StrEnum):
     EXPIRED = "expired"  # its lease ended without a report: now Unknown
     CLEARED = "cleared"  # the driver's data was dropped (upstream clearDriver semantics)
     RESTORED = "restored"  # loaded from disk at start
+    #: Forgotten: its driver stopped listing it (or went away) and its lease ended. The
+    #: entry is gone from the cache (it reads Unknown); ``new`` is Unknown.
+    DROPPED = "dropped"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
-"""HealthCache: update phases, leases pushed at expiry, restore grace, bounded input,
-and a model-based property test against a naive reference."""
+"""HealthCache: update phases, leases pushed at expiry, restore with recorded timing,
+validated and bounded input, forgetting devices, and a model-based property test
+against a naive reference."""
 
 from __future__ import annotations
 
@@ -110,12 +111,14 @@ def test_zero_and_negative_timeout_are_the_same_lease() -> None:
     assert cache.update(D, [rep("a", timeout=30)]) == []
 
 
-def test_duplicates_in_one_report_last_wins_one_change() -> None:
+def test_duplicates_in_one_report_worst_health_wins_one_change() -> None:
     cache, _, _ = make()
-    assert cache.update(D, [rep("a", U), rep("a", H, "ok")]) == [change("a", X, H, "ok")]
-    # A duplicate that ends on the cached value is no change at all.
-    assert cache.update(D, [rep("a", U), rep("a", H, "ok")]) == []
-    assert cache.get(D, "pool", "a") == (H, "ok")
+    # A later Healthy must not hide an earlier Unhealthy of the same device.
+    assert cache.update(D, [rep("a", U, "xid"), rep("a", H, "ok")]) == [change("a", X, U, "xid")]
+    assert cache.update(D, [rep("a", H), rep("a", X, "?"), rep("a", H)]) == [change("a", U, X, "?")]
+    # Among equals the later entry wins; ending on the cached value is no change.
+    assert cache.update(D, [rep("a", X, "first"), rep("a", X, "?")]) == []
+    assert cache.get(D, "pool", "a") == (X, "?")
 
 
 def test_omitted_device_keeps_health_until_its_lease_ends() -> None:
@@ -125,21 +128,36 @@ def test_omitted_device_keeps_health_until_its_lease_ends() -> None:
     assert cache.update(D, [rep("b")]) == []
     assert cache.get(D, "pool", "a") == (U, "ecc")
     advance(clock, wall, 0.5)
-    assert cache.update(D, [rep("b")]) == [change("a", U, X, "", ChangeReason.EXPIRED)]
+    # the driver no longer lists it and its lease ended: forgotten
+    assert cache.update(D, [rep("b")]) == [change("a", U, X, "", ChangeReason.DROPPED)]
+    assert cache.entry(D, "pool", "a") is None
+    assert cache.get(D, "pool", "a") == (X, "")
+    assert len(cache) == 1
+
+
+def test_expired_device_stays_stored_unknown_until_its_driver_reports_without_it() -> None:
+    cache, clock, wall = make()
+    cache.update(D, [rep("a", U, "ecc"), rep("b", timeout=100)])
+    advance(clock, wall, 30.5)
+    assert cache.expire() == [change("a", U, X, "", ChangeReason.EXPIRED)]
     entry = cache.entry(D, "pool", "a")
-    assert entry is not None
-    assert (entry.health, entry.message) == (X, "")
+    assert entry is not None and (entry.health, entry.message) == (X, "")
     assert entry.last_seen == 100.0  # last seen in a report, not the expiry time
     assert entry.changed_wall == 1_700_000_030.5
+    assert cache.update(D, [rep("b", timeout=100)]) == [change("a", X, X, "", ChangeReason.DROPPED)]
+    assert cache.entries() == [e for e in cache.entries() if e.device == "b"]
 
 
-def test_omitted_stored_unknown_device_is_untouched() -> None:
+def test_omitted_stored_unknown_device_is_forgotten_after_its_lease() -> None:
     cache, clock, wall = make()
     cache.update(D, [rep("a", X, "booting"), rep("b")])
-    advance(clock, wall, 100)
-    assert cache.update(D, [rep("b")]) == []
+    advance(clock, wall, 10)
+    assert cache.update(D, [rep("b")]) == []  # lease still runs: kept
     entry = cache.entry(D, "pool", "a")
     assert entry is not None and (entry.health, entry.message) == (X, "booting")
+    advance(clock, wall, 21)
+    assert cache.update(D, [rep("b")]) == [change("a", X, X, "", ChangeReason.DROPPED)]
+    assert cache.entry(D, "pool", "a") is None
 
 
 def test_phase2_only_touches_the_reporting_driver() -> None:
@@ -159,7 +177,7 @@ def test_phase2_changes_sorted_after_reported_changes() -> None:
     advance(clock, wall, 31)
     changes = cache.update(D, [rep("new")])
     assert [c.key.device for c in changes] == ["new", "a", "b", "c"]
-    assert [c.reason for c in changes] == [ChangeReason.REPORT] + [ChangeReason.EXPIRED] * 3
+    assert [c.reason for c in changes] == [ChangeReason.REPORT] + [ChangeReason.DROPPED] * 3
 
 
 def test_empty_report_creates_no_driver_entry() -> None:
@@ -307,44 +325,69 @@ def test_clear_then_report_again_is_new() -> None:
 # -- restore -----------------------------------------------------------------------
 
 
-def stored(device: str, health: Health, message: str = "", timeout: float = 30.0) -> DeviceEntry:
-    return DeviceEntry(D, "pool", device, health, message, timeout, 0.0, 1_600_000_000.0, 1.0)
+def stored(
+    device: str, health: Health, message: str = "", timeout: float = 30.0, seen: float = 0.0
+) -> DeviceEntry:
+    """A log entry last seen ``seen`` seconds before the test's wall clock starts."""
+    return DeviceEntry(
+        D, "pool", device, health, message, timeout, 0.0, 1_700_000_000.0 - seen, 1.0
+    )
 
 
-def test_restore_restarts_leases_with_grace() -> None:
-    cache, clock, _ = make()
+def test_restore_keeps_the_recorded_lease_end() -> None:
+    cache, clock, wall = make()
     changes = cache.restore(
-        [stored("b", U, "ecc"), stored("a", H), stored("c", X, "booting"), stored("s", H, "", 4)],
-        grace=10,
+        [
+            stored("b", U, "ecc", timeout=3600, seen=600),  # 3000 s of lease left
+            stored("a", H, seen=5),  # 25 s left
+            stored("c", X, "booting", seen=1),  # stored Unknown: nothing to keep
+            stored("gone", H, seen=31),  # lease ended while the agent was down
+            stored("s", H, "", 4, seen=1),  # 3 s left
+        ]
     )
     assert changes == [
         change("a", X, H, "", ChangeReason.RESTORED),
         change("b", X, U, "ecc", ChangeReason.RESTORED),
         change("s", X, H, "", ChangeReason.RESTORED),
     ]
+    assert cache.get(D, "pool", "gone") == (X, "")  # Unknown at once, not 5 s later
+    assert cache.entry(D, "pool", "gone") is None and cache.entry(D, "pool", "c") is None
     assert cache.get(D, "pool", "a") == (H, "")
-    assert cache.get(D, "pool", "c") == (X, "booting")
-    # deadline = now + min(grace, timeout): the short-lease device keeps its real lease
-    assert cache.next_deadline() == 104.0
+    assert cache.next_deadline() == 103.0
     entry = cache.entry(D, "pool", "a")
-    assert entry is not None
-    assert entry.last_seen == 100.0 - 30 + 10
-    assert (entry.last_seen_wall, entry.changed_wall) == (1_600_000_000.0, 1.0)
-    clock.now = 104.5
-    assert [c.key.device for c in cache.expire()] == ["s"]
-    clock.now = 110.0
-    assert cache.get(D, "pool", "a") == (H, "")
-    clock.now = 110.5
-    assert [c.key.device for c in cache.expire()] == ["a", "b"]
+    assert entry is not None and entry.last_seen == 100.0 - 5
+    assert (entry.last_seen_wall, entry.changed_wall) == (1_700_000_000.0 - 5, 1.0)
+    # the driver has not reported since the restart: a lease end forgets the device
+    advance(clock, wall, 3.5)
+    assert cache.expire() == [change("s", H, X, "", ChangeReason.DROPPED)]
+    advance(clock, wall, 21)
+    assert cache.get(D, "pool", "a") == (H, "")  # 24.5 s of its 25 s: still Healthy
+    advance(clock, wall, 1)
+    assert [c.key.device for c in cache.expire()] == ["a"]
+    advance(clock, wall, 2900)
+    assert cache.get(D, "pool", "b") == (U, "ecc")  # a long lease is not cut short
+    advance(clock, wall, 101)
+    assert [c.key.device for c in cache.expire()] == ["b"]
+    assert len(cache) == 0 and cache.drivers() == []
 
 
-def test_restore_then_report_refreshes_and_omitted_devices_decay() -> None:
+def test_restore_clamps_future_seen_and_long_leases() -> None:
+    cache, _, _ = make()
+    cache.restore([stored("f", H, seen=-50), stored("long", H, timeout=1e9)])
+    assert cache.next_deadline() == 130.0  # last seen in the future counts as now
+    entry = cache.entry(D, "pool", "long")
+    assert entry is not None and entry.timeout == 3600.0
+
+
+def test_restore_then_report_refreshes_and_omitted_devices_are_forgotten() -> None:
     cache, clock, wall = make()
-    cache.restore([stored("a", H), stored("b", H)], grace=10)
+    cache.restore([stored("a", H), stored("b", H, seen=20)])
+    assert cache.retired(D)
     advance(clock, wall, 5)
     assert cache.update(D, [rep("a")]) == []  # same values: the reconnect is a heartbeat
-    advance(clock, wall, 6)  # 11 s after restore: b's grace is over
-    assert cache.update(D, [rep("a")]) == [change("b", H, X, "", ChangeReason.EXPIRED)]
+    assert not cache.retired(D)
+    advance(clock, wall, 6)  # b's lease (10 s left at restore) is over
+    assert cache.update(D, [rep("a")]) == [change("b", H, X, "", ChangeReason.DROPPED)]
     assert cache.get(D, "pool", "a") == (H, "")
 
 
@@ -352,63 +395,128 @@ def test_restore_skips_live_devices_bad_entries_and_overflow() -> None:
     cache, _, _ = make(max_devices=3)
     cache.update(D, [rep("a", U, "live")])
     bad = [
-        DeviceEntry("", "pool", "x", H, "", 30.0, 0.0, 0.0, 0.0),
-        DeviceEntry(D, "", "x", H, "", 30.0, 0.0, 0.0, 0.0),
-        DeviceEntry(D, "pool", "x", H, "", 0.0, 0.0, 0.0, 0.0),
-        DeviceEntry(D, "pool", "x", "Healthy", "", 30.0, 0.0, 0.0, 0.0),  # type: ignore[arg-type]
+        DeviceEntry("", "pool", "x", H, "", 30.0, 0.0, 1.7e9, 0.0),
+        DeviceEntry(D, "", "x", H, "", 30.0, 0.0, 1.7e9, 0.0),
+        DeviceEntry(D, "pool", "x", H, "", 0.0, 0.0, 1.7e9, 0.0),
+        DeviceEntry(D, "pool", "x", "Healthy", "", 30.0, 0.0, 1.7e9, 0.0),  # type: ignore[arg-type]
+        DeviceEntry(D, "pool", "X\x1b[31m", H, "", 30.0, 0.0, 1.7e9, 0.0),
     ]
-    changes = cache.restore(
-        [stored("a", H), *bad, stored("b", H), stored("c", H), stored("d", H)], grace=5
-    )
+    changes = cache.restore([stored("a", H), *bad, stored("b", H), stored("c", H), stored("d", H)])
     assert [c.key.device for c in changes] == ["b", "c"]
     assert cache.get(D, "pool", "a") == (U, "live")
     assert len(cache) == 3
-    assert cache.rejected_total == 5
-    assert cache.last_rejection is not None and "cache is full" in cache.last_rejection
+    assert cache.rejected_total == 6
+    assert cache.rejections == {("", "invalid"): 1, (D, "invalid"): 4, (D, "node_full"): 1}
+    assert cache.last_rejection is not None and "node already has 3" in cache.last_rejection
 
 
-@pytest.mark.parametrize("grace", [-1.0, float("nan"), float("inf")])
-def test_restore_rejects_bad_grace(grace: float) -> None:
+# -- validated and bounded input ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pool", "device", "problem"),
+    [
+        ("", "x", "pool name is empty"),
+        ("pool", "", "device name is empty"),
+        ("pool", "gpu/0", "not a DNS label"),
+        ("pool", "gpu 0", "not a DNS label"),
+        ("pool", "gpu\x000", "not a DNS label"),
+        ("pool", "gpu\x1b[31m", "not a DNS label"),
+        ("pool", "GPU-0", "not a DNS label"),
+        ("pool", "-gpu", "not a DNS label"),
+        ("pool", "gpu-0\n", "not a DNS label"),
+        ("pool", "d" * 64, "device name is 64 characters long (limit 63)"),
+        ("pool", "é", "not a DNS label"),
+        ("po ol", "x", "not DNS subdomains separated by '/'"),
+        ("a//b", "x", "not DNS subdomains separated by '/'"),
+        ("/a", "x", "not DNS subdomains separated by '/'"),
+        ("a/", "x", "not DNS subdomains separated by '/'"),
+        ("Node-1", "x", "not DNS subdomains separated by '/'"),
+        ("p" * 254, "x", "pool name is 254 characters long (limit 253)"),
+        (5, "x", "pool name must be a string, got int"),
+    ],
+)
+def test_names_must_be_what_the_api_accepts(pool: object, device: object, problem: str) -> None:
     cache, _, _ = make()
-    with pytest.raises(ValueError, match="grace"):
-        cache.restore([], grace=grace)
+    assert cache.update(D, [ReportedDevice(pool, device, H), rep("ok")]) == [  # type: ignore[arg-type]
+        change("ok", X, H)
+    ]
+    assert cache.rejected_total == 1 and cache.rejections == {(D, "invalid"): 1}
+    assert cache.last_rejection is not None and problem in cache.last_rejection
+    assert "\x1b" not in cache.last_rejection and "\x00" not in cache.last_rejection
 
 
-# -- bounded input ----------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("pool", "device"),
+    [
+        ("node-1", "gpu-0"),
+        ("gpu.example.com/node-1", "d" * 63),
+        ("a.b/c.d/e", "0"),
+        ("/".join(["p" * 63] * 4)[:253].rstrip("/"), "x"),
+    ],
+)
+def test_valid_names_are_accepted(pool: str, device: str) -> None:
+    cache, _, _ = make()
+    assert len(cache.update(D, [ReportedDevice(pool, device, U)])) == 1
+    assert cache.rejected_total == 0
 
 
-def test_bad_entries_are_skipped_and_counted_rest_of_report_applies() -> None:
-    cache, _, _ = make(max_name_bytes=8)
+def test_bad_fields_are_skipped_and_counted_rest_of_report_applies() -> None:
+    cache, _, _ = make()
     reports = [
-        ReportedDevice("", "x", H),
-        ReportedDevice("pool", "", H),
-        ReportedDevice("pool", "d" * 9, H),
-        ReportedDevice("pool", "é" * 5, H),  # 10 UTF-8 bytes
-        ReportedDevice("pool", "d" * 8, H),  # exactly the limit: accepted
         ReportedDevice("pool", "ok", "Healthy"),  # type: ignore[arg-type]
         ReportedDevice("pool", "ok2", H, "", "10"),  # type: ignore[arg-type]
+        ReportedDevice("pool", "ok3", H, b"m"),  # type: ignore[arg-type]
         rep("good"),
     ]
     changes = cache.update(D, reports)
-    assert [c.key.device for c in changes] == ["d" * 8, "good"]
-    assert cache.rejected_total == 6
-    assert cache.last_rejection is not None and "timeout_seconds" in cache.last_rejection
+    assert [c.key.device for c in changes] == ["good"]
+    assert cache.rejected_total == 3
+    assert cache.last_rejection is not None and "message must be a string" in cache.last_rejection
 
 
-def test_rejection_messages_name_the_problem() -> None:
-    cache, _, _ = make(max_name_bytes=4)
-    cache.update(D, [ReportedDevice("pool", "", H)])
-    assert cache.last_rejection == f"{D}: report entry 'pool'/'': device name is empty"
-    cache.update(D, [ReportedDevice("poolpool", "x", H)])
-    assert cache.last_rejection is not None
-    assert "pool name is 8 bytes long (limit 4)" in cache.last_rejection
+@pytest.mark.parametrize(
+    ("wire", "lease"), [(2**63 - 1, 3600.0), (3601, 3600.0), (3600, 3600.0), (7, 7.0)]
+)
+def test_leases_are_clamped_to_max_lease(wire: int, lease: float) -> None:
+    cache, clock, wall = make()
+    cache.update(D, [rep("a", U, timeout=wire)])
+    entry = cache.entry(D, "pool", "a")
+    assert entry is not None and entry.timeout == lease
+    advance(clock, wall, lease + 0.5)
+    assert cache.expire() == [change("a", U, X, "", ChangeReason.EXPIRED)]
 
 
-def test_max_devices_bounds_new_devices_only() -> None:
+def test_each_driver_has_its_own_bound() -> None:
+    cache, _, _ = make(max_devices_per_driver=100, max_devices=1000)
+    flood = [rep(f"junk-{i}") for i in range(100_000)]
+    changes = cache.update("flood.example.com", flood)
+    assert len(changes) == 100 and cache.device_count("flood.example.com") == 100
+    assert cache.rejections == {("flood.example.com", "driver_full"): 99_900}
+    assert cache.last_rejection is not None and "refused 99900 new devices" in cache.last_rejection
+    # another driver's fault still gets in
+    assert cache.update(D, [rep("gpu-0", U, "XID 79")]) == [change("gpu-0", X, U, "XID 79")]
+    assert cache.get(D, "pool", "gpu-0") == (U, "XID 79")
+
+
+def test_over_the_bound_the_most_severe_new_devices_are_kept() -> None:
+    cache, clock, wall = make(max_devices_per_driver=3)
+    cache.update(D, [rep("a")])
+    changes = cache.update(D, [rep("a"), rep("b"), rep("c", U), rep("d", X), rep("e", U)])
+    assert [c.key.device for c in changes] == ["c", "e"]  # report order, Unhealthy first
+    assert cache.rejections == {(D, "driver_full"): 2}
+    assert "first pool/b" in (cache.last_rejection or "")
+    # a device the driver stops listing frees its place once its lease ends
+    advance(clock, wall, 31)
+    cache.update(D, [rep("c", U), rep("b")])
+    assert [e.device for e in cache.entries(D)] == ["b", "c"]
+
+
+def test_the_node_bound_still_holds_across_drivers() -> None:
     cache, clock, wall = make(max_devices=2)
     cache.update(D, [rep("a"), rep("b"), rep("c")])
     assert len(cache) == 2
-    assert cache.rejected_total == 1
+    assert cache.rejections == {(D, "node_full"): 1}
     assert cache.entry(D, "pool", "c") is None
     advance(clock, wall, 1)
     assert cache.update(D, [rep("a", U), rep("b", U), rep("c", U)]) == [
@@ -421,6 +529,66 @@ def test_max_devices_bounds_new_devices_only() -> None:
     cache.clear_driver(D)
     cache.update("other.example.com", [rep("z")])
     assert cache.drivers() == ["other.example.com"]
+
+
+# -- a driver that goes away ---------------------------------------------------------
+
+
+def test_retired_driver_keeps_health_at_most_the_grace_then_is_forgotten() -> None:
+    cache, clock, wall = make()
+    cache.update(D, [rep("long", U, "xid", timeout=3600), rep("short", H, timeout=5)])
+    cache.update(D, [rep("long", U, "xid", timeout=3600), rep("short", H, timeout=5)])
+    cache.update("other.example.com", [rep("z", timeout=3600)])
+    cache.update(
+        D, [rep("x", X, "?"), rep("long", U, "xid", timeout=3600), rep("short", timeout=5)]
+    )
+    advance(clock, wall, 1)
+    # stored Unknown: forgotten at once; long lease: capped to 30 s; short: unchanged
+    assert cache.retire_driver(D, 30.0) == [change("x", X, X, "", ChangeReason.DROPPED)]
+    long = cache.entry(D, "pool", "long")
+    assert long is not None and long.timeout == 31.0  # last seen + lease = now + grace
+    advance(clock, wall, 4.5)
+    assert cache.expire() == [change("short", H, X, "", ChangeReason.DROPPED)]
+    advance(clock, wall, 25)
+    assert cache.get(D, "pool", "long") == (U, "xid")
+    advance(clock, wall, 1)
+    assert cache.expire() == [change("long", U, X, "", ChangeReason.DROPPED)]
+    assert cache.drivers() == ["other.example.com"]  # other drivers untouched
+
+
+def test_a_report_ends_the_retirement() -> None:
+    cache, clock, wall = make()
+    cache.update(D, [rep("a", timeout=3600)])
+    cache.retire_driver(D, 10.0)
+    advance(clock, wall, 5)
+    cache.update(D, [rep("a", timeout=3600)])
+    assert not cache.retired(D)
+    advance(clock, wall, 3000)
+    assert cache.expire() == [] and cache.get(D, "pool", "a") == (H, "")
+
+
+def test_heartbeats_are_handed_out_for_saving_at_most_every_quarter_lease() -> None:
+    cache, clock, wall = make()
+    cache.update(D, [rep("a", timeout=8), rep("b", timeout=3600)])
+    assert cache.take_heartbeats() == []  # new: saved with its change
+    seen = []
+    for _ in range(40):
+        advance(clock, wall, 0.5)
+        cache.update(D, [rep("a", timeout=8), rep("b", timeout=3600)])
+        seen += [(round(wall.now - 1_700_000_000, 1), e.device) for e in cache.take_heartbeats()]
+    assert [t for t, d in seen if d == "a"] == [
+        2.0,
+        4.0,
+        6.0,
+        8.0,
+        10.0,
+        12.0,
+        14.0,
+        16.0,
+        18.0,
+        20.0,
+    ]
+    assert [t for t, d in seen if d == "b"] == [10.0, 20.0]
 
 
 @pytest.mark.parametrize("driver", ["", None, 3])
@@ -437,7 +605,9 @@ def test_bad_driver_name_raises(driver: object) -> None:
         ({"default_timeout": -1.0}, "default_timeout"),
         ({"default_timeout": float("inf")}, "default_timeout"),
         ({"max_devices": -1}, "max_devices"),
-        ({"max_name_bytes": 0}, "max_name_bytes"),
+        ({"max_devices_per_driver": -1}, "max_devices_per_driver"),
+        ({"max_lease": 0}, "max_lease"),
+        ({"default_timeout": 7200}, "must not exceed max_lease"),
     ],
 )
 def test_constructor_validates(kwargs: dict[str, float], match: str) -> None:
@@ -473,7 +643,11 @@ class Model:
 
     def update(self, now: float, driver: str, reports: list[ReportedDevice]) -> set[DeviceKey]:
         changed: set[DeviceKey] = set()
-        final = {(r.pool, r.device): r for r in reports}
+        final: dict[tuple[str, str], ReportedDevice] = {}
+        for r in reports:  # duplicates: the worst health, among equals the later entry
+            prev = final.get((r.pool, r.device))
+            if prev is None or r.health.severity >= prev.health.severity:
+                final[(r.pool, r.device)] = r
         for (pool, device), r in final.items():
             k = DeviceKey(driver, pool, device)
             t = float(r.timeout_seconds) if r.timeout_seconds > 0 else 30.0
@@ -481,10 +655,10 @@ class Model:
             if old is None or old[:3] != (r.health, r.message, t):
                 changed.add(k)
             self.d[k] = (r.health, r.message, t, now)
-        for k, (h, _m, t, seen) in list(self.d.items()):
+        for k, (_h, _m, t, seen) in list(self.d.items()):
             omitted = k.driver == driver and (k.pool, k.device) not in final
-            if omitted and h is not X and now - seen > t:
-                self.d[k] = (X, "", t, seen)
+            if omitted and now - seen > t:
+                del self.d[k]  # no longer listed, lease over: forgotten
                 changed.add(k)
         return changed
 
