@@ -4,6 +4,12 @@ Owns the frozen policy records (:class:`Policy`, :class:`Rule`, :class:`Match`,
 :class:`Action`, :class:`Hysteresis`, :class:`Recovery`, :class:`Eviction`),
 :class:`DeviceFacts` (what the controller knows of a device) and rule matching.
 Plain data and regexes; the YAML file format lives in ``drahealth.remedy._policy_load``.
+
+Message patterns are RE2 (:class:`MessagePattern`): matching takes time linear in the
+message, whatever the pattern, so no policy can stall the controller with a
+backtracking regex; RE2 refuses what it cannot match in linear time (backreferences,
+lookaround). The text matched is at most ``HEALTH_MESSAGE_MAX_BYTES`` (1 KiB, the
+kubelet's cut of a health message) of the message.
 """
 
 from __future__ import annotations
@@ -12,8 +18,11 @@ import fnmatch
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
+import re2  # type: ignore[import-untyped]  # google-re2 ships no type information
+
+from drahealth.api import HEALTH_MESSAGE_MAX_BYTES
 from drahealth.core._health import Health
 
 __all__ = [
@@ -23,12 +32,15 @@ __all__ = [
     "Eviction",
     "Hysteresis",
     "Match",
+    "MessagePattern",
+    "PatternError",
     "Policy",
     "PolicyError",
     "Recovery",
     "Rule",
     "Step",
     "Validate",
+    "match_text",
 ]
 
 DEFAULT_TAINT_KEY: Final = "drahealth.io/unhealthy"
@@ -39,6 +51,64 @@ AttributeValue = str | int | bool
 
 class PolicyError(ValueError):
     """A policy that cannot be used; the text is ``<source>: <field path>: <problem>``."""
+
+
+class PatternError(ValueError):
+    """A message pattern RE2 refuses; the text is RE2's reason."""
+
+
+_RE2_OPTIONS: Any = re2.Options()
+_RE2_OPTIONS.log_errors = False  # the error comes back as an exception, not on stderr
+
+
+def match_text(message: str, limit: int = HEALTH_MESSAGE_MAX_BYTES) -> str:
+    """The part of ``message`` a pattern sees: its first ``limit`` UTF-8 bytes.
+
+    The kubelet cuts health messages to this size; cutting here too bounds the
+    matching work whatever a source sends. A cut never splits a character.
+    """
+    if len(message) <= limit // 4:  # at most 4 bytes a character: surely short enough
+        return message
+    head = message[:limit]  # a character is at least one byte
+    data = head.encode("utf-8")
+    if len(data) <= limit:
+        return head
+    return data[:limit].decode("utf-8", errors="ignore")
+
+
+class MessagePattern:
+    """A health-message regex compiled by RE2: matching is linear in the text's length.
+
+    RE2 syntax (https://github.com/google/re2/wiki/Syntax): Perl-like classes,
+    repetition, alternation, groups and flags such as ``(?i)``, but no
+    backreferences and no lookahead/lookbehind. :class:`PatternError` names why a
+    pattern is refused.
+    """
+
+    __slots__ = ("_regexp", "pattern")
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        try:
+            self._regexp: Any = re2.compile(pattern, _RE2_OPTIONS)
+        except re2.error as exc:
+            reason = exc.args[0] if exc.args else exc
+            if isinstance(reason, bytes):
+                reason = reason.decode("utf-8", errors="replace")
+            raise PatternError(str(reason)) from None
+
+    def search(self, message: str) -> bool:
+        """Whether the pattern occurs in (the first 1 KiB of) ``message``."""
+        return self._regexp.search(match_text(message)) is not None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MessagePattern) and other.pattern == self.pattern
+
+    def __hash__(self) -> int:
+        return hash(self.pattern)
+
+    def __repr__(self) -> str:
+        return f"MessagePattern({self.pattern!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +127,8 @@ class Match:
     """Which devices and which health a rule applies to (all given fields must match).
 
     ``driver`` and ``pool`` are exact; ``device`` may be a glob (``gpu-*``);
-    ``attributes`` are exact values; ``message`` is searched (``re.search``).
+    ``attributes`` are exact values; ``message`` is an RE2 pattern searched for in
+    the health message (a ``str`` or ``re.Pattern`` given here is compiled by RE2).
     """
 
     driver: str | None = None
@@ -65,7 +136,14 @@ class Match:
     device: str | None = None
     attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
     health: frozenset[Health] = frozenset({Health.UNHEALTHY})
-    message: re.Pattern[str] | None = None
+    message: MessagePattern | None = None
+
+    def __post_init__(self) -> None:
+        given: object = self.message
+        if isinstance(given, re.Pattern):
+            given = given.pattern
+        if isinstance(given, str):
+            object.__setattr__(self, "message", MessagePattern(given))
 
     def device_matches(self, facts: DeviceFacts) -> bool:
         if self.driver is not None and facts.driver != self.driver:
@@ -79,7 +157,7 @@ class Match:
     def matches(self, facts: DeviceFacts, health: Health, message: str) -> bool:
         if health not in self.health or not self.device_matches(facts):
             return False
-        return self.message is None or self.message.search(message) is not None
+        return self.message is None or self.message.search(message)
 
 
 def _same(value: AttributeValue | None, wanted: AttributeValue) -> bool:

@@ -4,8 +4,9 @@ Owns the file schema (msgspec structs, camelCase, unknown fields refused) and th
 checks msgspec cannot do (regexes, durations, label values, effects, escalation
 order, duplicate rule names). Every error is a :class:`PolicyError` whose text is
 ``<file>: <field path>: <problem>``, e.g.
-``policy.yaml: rules[2].match.message: bad regex '(': missing ), unterminated
-subpattern at position 0``. See docs/policy.md for the format.
+``policy.yaml: rules[2].match.message: rule 'xid': bad regex '(': missing ): (``.
+Message patterns are RE2 syntax (no backreferences, no lookaround), so matching
+is linear in the message. See docs/policy.md for the format.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from drahealth.core._policy import (
     Eviction,
     Hysteresis,
     Match,
+    MessagePattern,
+    PatternError,
     Policy,
     PolicyError,
     Recovery,
@@ -216,11 +219,15 @@ class _Builder:
             raise self.fail(path, f"duration {value!r} must be {'> 0' if positive else '>= 0'}")
         return seconds
 
-    def regex(self, path: str, pattern: str) -> re.Pattern[str]:
+    def regex(self, path: str, rule: str, pattern: str) -> MessagePattern:
         try:
-            return re.compile(pattern)
-        except re.error as exc:
-            raise self.fail(path, f"bad regex {pattern!r}: {exc}") from exc
+            return MessagePattern(pattern)
+        except PatternError as exc:
+            raise self.fail(
+                path,
+                f"rule {rule!r}: bad regex {pattern!r}: {exc} (RE2 syntax: no "
+                "backreferences, no lookahead or lookbehind)",
+            ) from exc
 
     def recovery(self, path: str, r: _Recovery) -> Recovery:
         validate = None
@@ -244,7 +251,11 @@ class _Builder:
             device=m.device,
             attributes=dict(m.attributes),
             health=frozenset(Health(h) for h in m.health),
-            message=None if m.message is None else self.regex(f"{path}.match.message", m.message),
+            message=(
+                None
+                if m.message is None
+                else self.regex(f"{path}.match.message", r.name, m.message)
+            ),
         )
         if not m.health:
             raise self.fail(f"{path}.match.health", "must list at least one health")

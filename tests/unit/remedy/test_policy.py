@@ -122,8 +122,8 @@ def test_the_bad_regex_message_is_exact() -> None:
     with pytest.raises(PolicyError) as info:
         parse_policy(text, "policy.yaml")
     assert str(info.value) == (
-        "policy.yaml: rules[2].match.message: bad regex '(': "
-        "missing ), unterminated subpattern at position 0"
+        "policy.yaml: rules[2].match.message: rule 'c': bad regex '(': missing ): ( "
+        "(RE2 syntax: no backreferences, no lookahead or lookbehind)"
     )
 
 
@@ -373,7 +373,10 @@ RULE = HEAD + "rules:\n- name: r\n"
             HEAD + "rulez: []\nrules: []\n",
             "p.yaml: (top level): Object contains unknown field `rulez`",
         ),
-        (RULE + "  match: {message: '('}\n", "p.yaml: rules[0].match.message: bad regex '('"),
+        (
+            RULE + "  match: {message: '('}\n",
+            "p.yaml: rules[0].match.message: rule 'r': bad regex '('",
+        ),
         (
             RULE + "  match: {health: [Sick]}\n",
             "p.yaml: rules[0].match.health[0]: Invalid enum value 'Sick'",
