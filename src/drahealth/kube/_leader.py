@@ -10,7 +10,11 @@ answers 409 to the other, so there are never two leaders. A leader renews every
 ``retry_period`` and steps down when it could not renew for ``renew_deadline``
 (a renewal that hangs is abandoned when the deadline passes, and a renewal counts
 from when it was sent, so a leader never outlives the lease others see); stepping
-down cancels the leader's work before anything else happens. On a clean stop the
+down cancels the leader's work before anything else happens. Given a
+``client_factory``, renewals run on a dedicated thread with its own event loop and
+its own client (as client-go renews from its own goroutine), so a leader whose work
+keeps the event loop busy for longer than the lease still renews on time; without
+one they share the caller's loop and client. On a clean stop the
 leader releases the Lease so a standby takes over within one retry period. Errors
 talking to the API server (refused connections, timeouts, undecodable answers) are
 logged and retried, never raised; a Lease with missing or nonsensical fields is
@@ -25,6 +29,7 @@ import datetime
 import logging
 import math
 import random
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -68,6 +73,7 @@ class LeaderElector:
         renew_deadline: float = 10.0,
         retry_period: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        client_factory: Callable[[], AsyncClient] | None = None,
     ) -> None:
         if not name:
             raise ValueError("name must be a non-empty Lease name")
@@ -87,6 +93,8 @@ class LeaderElector:
                 f"renew_deadline ({renew_deadline})"
             )
         self.client = client
+        #: Makes the renewal thread's own client (called on that thread); None: no thread.
+        self.client_factory = client_factory
         self.name = name
         self.namespace = namespace
         self.identity = identity
@@ -111,8 +119,9 @@ class LeaderElector:
         try:
             while True:
                 since = await self._acquire()
+                # renewals first: their thread starts before the work's first step runs
+                renew = asyncio.create_task(self._keep(since), name=f"renew-{self.name}")
                 work = asyncio.create_task(self._guarded(lead), name=f"leading-{self.name}")
-                renew = asyncio.create_task(self._renew(since), name=f"renew-{self.name}")
                 tasks = [work, renew]
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                 self.is_leader = False
@@ -146,7 +155,23 @@ class LeaderElector:
                 return sent
             await asyncio.sleep(self.retry_period * (1.0 + 0.2 * random.random()))
 
-    async def _renew(self, last_ok: float) -> None:
+    async def _keep(self, since: float) -> None:
+        """Renew until the deadline is missed: on a thread of its own when possible."""
+        if self.client_factory is None:
+            await self._renew(since, self.client)
+            return
+        await _on_own_thread(self._renew_with_own_client, since, f"renew-{self.name}")
+
+    async def _renew_with_own_client(self, since: float) -> None:
+        assert self.client_factory is not None
+        client = self.client_factory()
+        try:
+            await self._renew(since, client)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.close(), self.retry_period)
+
+    async def _renew(self, last_ok: float, client: AsyncClient) -> None:
         """Renew every retry period; return (stepping down) once the deadline is missed."""
         while True:
             await asyncio.sleep(self.retry_period)
@@ -155,7 +180,7 @@ class LeaderElector:
             ok = False
             if left > 0:
                 try:
-                    ok = await asyncio.wait_for(self._attempt(), left)
+                    ok = await asyncio.wait_for(self._attempt(client), left)
                 except TimeoutError:
                     log.warning("renewing lease %s timed out", self._ref())
             if ok:
@@ -164,25 +189,26 @@ class LeaderElector:
                 log.warning("%s lost the lease %s", self.identity, self._ref())
                 return
 
-    async def _attempt(self) -> bool:
+    async def _attempt(self, client: AsyncClient | None = None) -> bool:
         """One acquire-or-renew round trip; transport and decoding errors count as failure."""
         try:
-            return await self._try_acquire_or_renew()
+            return await self._try_acquire_or_renew(client)
         except Exception as exc:  # connection refused, reset, undecodable body, ...
             log.warning("lease %s: %s: %s", self._ref(), type(exc).__name__, exc)
             return False
 
     # -- one attempt -------------------------------------------------------------------
 
-    async def _try_acquire_or_renew(self) -> bool:
+    async def _try_acquire_or_renew(self, client: AsyncClient | None = None) -> bool:
+        client = client or self.client
         now = _micro_time()
         try:
-            lease = await self.client.get(Lease, self.name, namespace=self.namespace)
+            lease = await client.get(Lease, self.name, namespace=self.namespace)
         except ApiError as exc:
             if exc.status.code != 404:
                 log.warning("reading lease %s failed: %s", self._ref(), exc.status.message)
                 return False
-            return await self._create(now)
+            return await self._create(now, client)
         spec = lease.spec
         holder = (spec.holderIdentity if spec else None) or ""
         duration = spec.leaseDurationSeconds if spec else None
@@ -227,7 +253,7 @@ class LeaderElector:
             "leaseTransitions": transitions,
         }
         try:
-            await self.client.replace(_lease(body))
+            await client.replace(_lease(body))
         except ApiError as exc:
             if exc.status.code != 409:
                 log.warning("updating lease %s failed: %s", self._ref(), exc.status.message)
@@ -235,7 +261,7 @@ class LeaderElector:
         self.leader = self.identity
         return True
 
-    async def _create(self, now: str) -> bool:
+    async def _create(self, now: str, client: AsyncClient) -> bool:
         lease = _lease(
             {
                 "metadata": {"name": self.name, "namespace": self.namespace},
@@ -249,7 +275,7 @@ class LeaderElector:
             }
         )
         try:
-            await self.client.create(lease)
+            await client.create(lease)
         except ApiError as exc:
             if exc.status.code != 409:
                 log.warning("creating lease %s failed: %s", self._ref(), exc.status.message)
@@ -278,3 +304,55 @@ class LeaderElector:
 
     def _ref(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+async def _on_own_thread(work: Callable[[float], Awaitable[None]], arg: float, name: str) -> None:
+    """Run ``work(arg)`` in a fresh event loop on a new thread; await its end here.
+
+    Cancelling the caller cancels the work on its loop and waits for the thread to
+    finish (the work's own timeouts bound that), so no renewal outlives the caller.
+    """
+    loop = asyncio.get_running_loop()
+    finished: asyncio.Future[None] = loop.create_future()
+    ready = threading.Event()
+    inner: dict[str, Any] = {}
+
+    def report(exc: BaseException | None) -> None:
+        if finished.done():
+            return
+        if exc is None:
+            finished.set_result(None)
+        else:
+            finished.set_exception(exc)
+
+    async def main() -> None:
+        inner["loop"] = asyncio.get_running_loop()
+        inner["task"] = asyncio.current_task()
+        ready.set()
+        await work(arg)
+
+    def body() -> None:
+        error: BaseException | None = None
+        try:
+            asyncio.run(main())
+        except asyncio.CancelledError:
+            pass
+        except BaseException as exc:  # handed to the awaiting side
+            error = exc
+        finally:
+            ready.set()
+            with contextlib.suppress(RuntimeError):  # the caller's loop is closed
+                loop.call_soon_threadsafe(report, error)
+
+    thread = threading.Thread(target=body, name=name, daemon=True)
+    thread.start()
+    try:
+        await asyncio.shield(finished)
+    except asyncio.CancelledError:
+        await asyncio.to_thread(ready.wait)
+        other, task = inner.get("loop"), inner.get("task")
+        if other is not None and task is not None:
+            with contextlib.suppress(RuntimeError):  # already finished and closed
+                other.call_soon_threadsafe(task.cancel)
+        await asyncio.to_thread(thread.join)
+        raise

@@ -115,6 +115,8 @@ async def _run(
         lease_duration=lease_duration,
         renew_deadline=lease_duration * 2 / 3,
         retry_period=max(0.1, lease_duration / 7.5),
+        # renewals on their own thread and client: a long pass cannot starve them
+        client_factory=lambda: make_client(kubeconfig, field_manager="drahealth-controller"),
     )
 
     async def lead() -> None:
