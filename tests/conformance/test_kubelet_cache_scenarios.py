@@ -52,14 +52,16 @@ class PersistedCache:
     """Cache + store wired as the agent wires them: every change appended before use."""
 
     def __init__(self, path: Path, clock: FakeClock) -> None:
-        self.cache = HealthCache(clock=clock, wall_clock=FakeClock(1_700_000_000.0))
+        self.cache = HealthCache(clock=clock, wall_clock=lambda: clock.now + 1_700_000_000.0)
         self.store, entries, self.problem = HealthStore.open(str(path))
-        self.restored = self.cache.restore(entries, grace=10.0)
+        self.restored = self.cache.restore(entries)
 
     def update(self, reports: list[ReportedDevice]) -> list[HealthChange]:
         changes = self.cache.update(D, reports)
         entries = [self.cache.entry(c.key.driver, c.key.pool, c.key.device) for c in changes]
-        self.store.append([e for e in entries if e is not None])
+        forget = [c.key for c in changes if c.reason is ChangeReason.DROPPED]
+        heartbeats = self.cache.take_heartbeats()
+        self.store.append([e for e in entries if e is not None] + heartbeats, forget)
         return changes
 
 
@@ -111,55 +113,58 @@ def test_s05_health_change_is_reported() -> None:
     assert cache.get(D, P, "device") == (U, "")
 
 
-def test_s06_stale_omitted_device_turns_unknown_on_next_report() -> None:
+def test_s06_stale_omitted_device_turns_unknown_on_next_report_fix_forgotten() -> None:
+    # Upstream keeps the entry as stored Unknown forever; here it is forgotten (reads
+    # Unknown the same way) so devices a driver stops listing do not accumulate.
     cache, clock = make()
     cache.update(D, [reported("device", U)])
     age(cache, "device", 60, clock)
     changes = cache.update(D, [reported("device2", H)])
     assert summary(changes) == {("device2", H), ("device", X)}
-    assert {c.reason for c in changes if c.key.device == "device"} == {ChangeReason.EXPIRED}
+    assert {c.reason for c in changes if c.key.device == "device"} == {ChangeReason.DROPPED}
     assert cache.get(D, P, "device2") == (H, "")
     assert cache.get(D, P, "device") == (X, "")
 
 
-def test_s07_reload_from_file_fix_restart_grace(tmp_path: Path) -> None:
+def test_s07_reload_from_file_fix_recorded_lease(tmp_path: Path) -> None:
     # Upstream: the reload uses the old timestamps, and heartbeats are never persisted, so a
-    # device stable for longer than its lease reads Unknown right after a restart; we restart
-    # every lease with a grace period (reference section 9 item 4).
+    # device stable for longer than its lease reads Unknown right after a restart. Here
+    # last-seen times are saved at most every quarter lease and the reload keeps the
+    # recorded lease end (reference section 9 item 4).
     path = tmp_path / "health.log"
     clock = FakeClock(10_000.0)
     pc = PersistedCache(path, clock)
     pc.update([reported("device", U)])
-    clock.now += 60  # stable for twice its lease, heartbeats never written
-    pc.update([reported("device2", H)])  # device expires in phase 2 and is persisted Unknown
-    written = pc.store.records_written
-    for _ in range(3):  # device2 stays Healthy for 60 s more: heartbeats, nothing written
-        clock.now += 20
+    clock.now += 60  # stable for twice its lease
+    pc.update([reported("device2", H)])  # device is forgotten in phase 2, persisted
+    for _ in range(6):  # device2 stays Healthy for 60 s more: a few heartbeats saved
+        clock.now += 10
         assert pc.update([reported("device2", H)]) == []
-    assert pc.store.records_written == written
     pc.store.close()
 
-    clock.now += 1  # the agent restarts one second later (device2 on disk is 61 s old)
+    clock.now += 1  # the agent restarts one second later
     again = PersistedCache(path, clock)
     assert again.problem is None
     assert again.cache.get(D, P, "device2") == (H, "")
     assert again.cache.get(D, P, "device") == (X, "")
-    stored = again.cache.entry(D, P, "device")
-    assert stored is not None and stored.health is X
+    assert again.cache.entry(D, P, "device") is None
     assert [(c.key.device, c.new) for c in again.restored] == [("device2", H)]
-    # A driver that does not come back within the grace period decays as usual.
-    clock.now += 10.5
+    # A driver that does not come back decays when the recorded lease ends (29 s left).
+    clock.now += 28.5
+    assert again.cache.expire() == []
+    clock.now += 1
     assert summary(again.cache.expire()) == {("device2", X)}
     again.store.close()
 
 
-def test_s08_timed_out_device_becomes_stored_unknown_on_empty_report() -> None:
+def test_s08_timed_out_device_turns_unknown_on_empty_report_fix_forgotten() -> None:
+    # Upstream stores it as Unknown; here it is forgotten (reads Unknown).
     cache, clock = make()
-    cache.update(D, [reported("timeoutDevice", U)])
-    age(cache, "timeoutDevice", T + 1, clock)
-    assert summary(cache.update(D, [])) == {("timeoutDevice", X)}
-    stored = cache.entry(D, P, "timeoutDevice")
-    assert stored is not None and stored.health is X
+    cache.update(D, [reported("timeout-device", U)])
+    age(cache, "timeout-device", T + 1, clock)
+    assert summary(cache.update(D, [])) == {("timeout-device", X)}
+    assert cache.entry(D, P, "timeout-device") is None
+    assert cache.get(D, P, "timeout-device") == (X, "")
 
 
 def test_s09_read_time_staleness_fix_deadline_pushed() -> None:

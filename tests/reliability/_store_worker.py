@@ -18,7 +18,7 @@ from drahealth.node._pipeline import HealthPipeline
 
 
 async def main(state_dir: str) -> None:
-    pipeline = HealthPipeline(state_dir, default_timeout=3600, restart_grace=3600)
+    pipeline = HealthPipeline(state_dir, default_timeout=3600)
     await pipeline.start()
     print("ready", flush=True)
     loop = asyncio.get_running_loop()

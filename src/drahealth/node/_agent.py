@@ -58,9 +58,12 @@ class AgentConfig:
     mode: Literal["kubelet", "observer"] = "kubelet"
     #: Lease of a device whose report carries no timeout (kubelet: 30 s).
     default_timeout: float = 30.0
-    #: After a restart, restored devices keep their health this long (or until a
-    #: report) before their lease decides.
+    #: Ignored (kept so existing flags parse): restored devices now keep exactly the
+    #: rest of their recorded lease.
     restart_grace: float = 10.0
+    #: When a driver's last plugin instance goes away, its devices keep their health
+    #: at most this long (s), then read Unknown and are forgotten.
+    removal_grace: float = 30.0
     #: Kubelet gates: ``ResourceHealthStatus`` and ``ResourceHealthStatusMessage``.
     health_status: bool = True
     health_message: bool = True
@@ -91,6 +94,8 @@ class AgentConfig:
             raise ValueError(f"default timeout must be > 0 seconds, got {self.default_timeout}")
         if self.restart_grace < 0:
             raise ValueError(f"restart grace must be >= 0 seconds, got {self.restart_grace}")
+        if self.removal_grace < 0:
+            raise ValueError(f"removal grace must be >= 0 seconds, got {self.removal_grace}")
 
 
 class NodeAgent:
@@ -112,7 +117,7 @@ class NodeAgent:
         self.pipeline = HealthPipeline(
             config.state_dir,
             default_timeout=config.default_timeout,
-            restart_grace=config.restart_grace,
+            removal_grace=config.removal_grace,
         )
         self.tracker = ClaimTracker(config.state_dir)
         self.metrics = AgentMetrics(config.node_name)
@@ -120,6 +125,7 @@ class NodeAgent:
             on_report=self.pipeline.report,
             health_enabled=config.health_status,
             default_timeout=config.default_timeout,
+            on_event=self._on_health_event,
         )
         roots = config.allowed_roots
         if roots is None:
@@ -164,7 +170,13 @@ class NodeAgent:
             self.problems.append(problem)
         self.pipeline.add_listener(self.metrics.on_changes)
         self.metrics.on_changes(self.pipeline.restored)
-        self.metrics.watch(self._reconnects, lambda: len(self.tracker.claims()))
+        self.metrics.watch(
+            self._reconnects,
+            lambda: len(self.tracker.claims()),
+            rejections=lambda: self.pipeline.cache.rejections,
+            stream_errors=self._stream_errors,
+            persist_failing=lambda: self.pipeline.persist_failing,
+        )
         if self.config.mode == "kubelet":
             from drahealth.node._kubelet import KubeletMode
 
@@ -210,6 +222,18 @@ class NodeAgent:
         if "pipeline" in self._started:
             await self.pipeline.stop()
         self._started.clear()
+
+    def _on_health_event(self, driver: str, kind: str, generation: int) -> None:
+        if kind == "deactivate":  # no instance with health left: cap and forget
+            self.pipeline.retire(driver)
+
+    def _stream_errors(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for driver in self.registry.drivers():
+            stream = self.registry.stream(driver)
+            if stream is not None:
+                out[driver] = stream.bad_messages + stream.unexpected_errors
+        return out
 
     def _reconnects(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -7,9 +7,20 @@ the fan-out of :class:`HealthChange` lists to listeners (status writer, events,
 metrics). Every change is on disk (fsync) before any listener hears of it, so a
 change the agent acted on survives a crash.
 
-At start the store is replayed into the cache with a restart grace period (stable
-devices do not flash Unknown while drivers reconnect). A corrupt store is
-quarantined by the store and reported through :attr:`problem`.
+At start the store is replayed into the cache with its recorded timing (a device whose
+lease ended while the agent was down is Unknown at once; one with lease left keeps its
+health until then); to make that exact, refreshed devices' last-seen times are saved
+too (at most every quarter lease, at least every 10 s). A corrupt store is quarantined
+by the store and reported through :attr:`problem`.
+
+When a driver's last plugin instance goes away (:meth:`HealthPipeline.retire`), its
+devices keep their health for at most ``removal_grace`` seconds, then are forgotten.
+
+Failures are logged as state changes, not per event: refused report entries at most
+once per ``REJECTION_LOG_INTERVAL`` (with counts); a failing store (disk full) once
+when persistence starts failing and once when it recovers, after which the whole cache
+is written again (compaction) so nothing changed in between is lost. The agent keeps
+working from memory meanwhile.
 
 Runs on one asyncio loop; no locks. Knows nothing of pods, gRPC or the API server.
 """
@@ -19,21 +30,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
 
 from drahealth.core._health_cache import HealthCache
-from drahealth.core._records import HealthChange, ReportedDevice
+from drahealth.core._records import ChangeReason, DeviceEntry, HealthChange, ReportedDevice
 from drahealth.node._health_store import HealthStore
 
-__all__ = ["HEALTH_LOG", "HealthPipeline"]
+__all__ = ["HEALTH_LOG", "REJECTION_LOG_INTERVAL", "REMOVAL_GRACE", "HealthPipeline"]
 
 log = logging.getLogger(__name__)
 
 HEALTH_LOG = "health.log"
+#: Seconds between two log lines about refused report entries.
+REJECTION_LOG_INTERVAL = 10.0
+#: Longest time a removed driver's devices keep their health (upstream: none; its e2e
+#: expects Unknown within 2 minutes).
+REMOVAL_GRACE = 30.0
 
 Listener = Callable[[list[HealthChange]], None]
+
+
+def positive_or_zero(what: str, value: float) -> float:
+    if not (isinstance(value, int | float) and math.isfinite(value)) or value < 0:
+        raise ValueError(f"{what} must be a finite number >= 0 seconds, got {value!r}")
+    return float(value)
 
 
 class HealthPipeline:
@@ -44,16 +67,23 @@ class HealthPipeline:
         state_dir: str | None,
         *,
         default_timeout: float = 30.0,
-        restart_grace: float = 10.0,
+        removal_grace: float = REMOVAL_GRACE,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        cache: HealthCache | None = None,
     ) -> None:
-        self.cache = HealthCache(
+        self.cache = cache or HealthCache(
             default_timeout=default_timeout, clock=clock, wall_clock=wall_clock
         )
         self.state_dir = state_dir
-        self.restart_grace = restart_grace
+        self.removal_grace = positive_or_zero("removal_grace", removal_grace)
         self.store: HealthStore | None = None
+        #: True while writes to the store fail (the agent runs from memory).
+        self.persist_failing = False
+        #: Writes to the store that failed.
+        self.persist_failures = 0
+        self._rejections_logged = 0
+        self._rejection_logged_at: float | None = None
         self.problem: str | None = None
         self._clock = clock
         self._listeners: list[Listener] = []
@@ -72,7 +102,11 @@ class HealthPipeline:
             self.store, entries, self.problem = HealthStore.open(path)
             if self.problem:
                 log.warning("%s", self.problem)
-            self.restored = self.cache.restore(entries, grace=self.restart_grace)
+            self.restored = self.cache.restore(entries)
+            if len(self.restored) < len(entries):
+                # forget what was not restored (lease ended while down, Unknown, refused)
+                self._persist(lambda store: store.compact(self.cache.entries()))
+            self._log_rejections()
         self._timer = asyncio.create_task(self._expiry_loop(), name="health-expiry")
 
     async def stop(self) -> None:
@@ -91,8 +125,27 @@ class HealthPipeline:
         """One stream message of ``driver``: update, persist, notify."""
         self.updates += 1
         changes = self.cache.update(driver, reports)
-        self._commit(changes)
+        self._commit(changes, self.cache.take_heartbeats())
+        self._log_rejections()
         self._wake.set()  # new leases: the next deadline may have moved
+        return changes
+
+    def retire(self, driver: str) -> list[HealthChange]:
+        """``driver`` has no plugin instance with health any more: its devices keep
+        their health for at most ``removal_grace`` seconds, then are forgotten."""
+        changes = self.cache.retire_driver(driver, self.removal_grace)
+        capped = self.cache.entries(driver)
+        if capped or changes:
+            log.info(
+                "DRA driver %s is gone: %d devices keep their health for at most %.3g s, "
+                "%d forgotten now",
+                driver,
+                len(capped),
+                self.removal_grace,
+                len(changes),
+            )
+        self._commit(changes, capped)
+        self._wake.set()
         return changes
 
     def expire(self) -> list[HealthChange]:
@@ -103,27 +156,77 @@ class HealthPipeline:
 
     # -- internals ---------------------------------------------------------------
 
-    def _commit(self, changes: list[HealthChange]) -> None:
-        if not changes:
+    def _commit(self, changes: list[HealthChange], extra: Sequence[DeviceEntry] = ()) -> None:
+        if not changes and not extra:
             return
         if self.store is not None:
-            entries = []
+            entries = list(extra)
+            forget = []
             for change in changes:
                 k = change.key
                 entry = self.cache.entry(k.driver, k.pool, k.device)
                 if entry is not None:
                     entries.append(entry)
-            try:
-                self.store.append(entries)
-                if self.store.needs_compaction(len(self.cache)):
-                    self.store.compact(self.cache.entries())
-            except OSError:
-                log.exception("persisting %d health changes failed", len(entries))
+                elif change.reason is ChangeReason.DROPPED:
+                    forget.append(k)
+            self._persist(lambda store: store.append(entries, forget))
+        if not changes:
+            return
         for listener in list(self._listeners):
             try:
                 listener(changes)
             except Exception:
                 log.exception("health change listener %r failed", listener)
+
+    def _persist(self, write: Callable[[HealthStore], None]) -> None:
+        """Run ``write`` on the store; failures are logged when they start and end."""
+        store = self.store
+        if store is None:
+            return
+        try:
+            if self.persist_failing:
+                # whatever failed in between: write the whole state again
+                store.compact(self.cache.entries())
+            else:
+                write(store)
+                if store.needs_compaction(len(self.cache)):
+                    store.compact(self.cache.entries())
+        except (OSError, ValueError) as exc:
+            self.persist_failures += 1
+            if not self.persist_failing:
+                self.persist_failing = True
+                log.error(
+                    "persisting device health failed, running from memory until it works "
+                    "again (a restart meanwhile loses the latest health): %s",
+                    exc,
+                )
+            else:
+                log.debug("persisting device health still fails: %s", exc)
+            return
+        if self.persist_failing:
+            self.persist_failing = False
+            log.warning(
+                "persisting device health works again after %d failed writes; "
+                "the whole cache was written",
+                self.persist_failures,
+            )
+
+    def _log_rejections(self) -> None:
+        total = self.cache.rejected_total
+        if total == self._rejections_logged:
+            return
+        now = self._clock()
+        at = self._rejection_logged_at
+        if at is not None and now - at < REJECTION_LOG_INTERVAL:
+            return
+        log.warning(
+            "refused %d health report entries (%d in all); latest: %s",
+            total - self._rejections_logged,
+            total,
+            self.cache.last_rejection,
+        )
+        self._rejections_logged = total
+        self._rejection_logged_at = now
 
     async def _expiry_loop(self) -> None:
         while True:

@@ -13,6 +13,12 @@ Behaviour (reference section 3, with the fixes of section 9):
   at info level (upstream master; 1.34-1.36 retried every 5 s with error logs).
 * A clean end of stream or any other error reconnects after a capped, jittered
   backoff that restarts from its initial delay once a message arrives.
+* A message that cannot be decoded (not protobuf, invalid UTF-8 in a string field)
+  is a stream error: counted (:attr:`HealthStream.bad_messages`), logged once per run
+  of failures, the stream is reconnected with backoff; nothing of it is used. Any
+  other unexpected exception in the stream task is counted
+  (:attr:`HealthStream.unexpected_errors`) and also ends in a reconnect with backoff:
+  the task only ends when stopped or on ``UNIMPLEMENTED``.
 * Nothing is cleared when a stream ends (upstream wipes the driver's health on
   every exit); the cache's leases decide when silent devices turn Unknown.
 * A watchdog reconnects a stream that stays silent for longer than the smallest
@@ -27,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, Literal
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from drahealth import api
 from drahealth.core._checks import positive_seconds
@@ -103,10 +110,13 @@ class HealthStream:
     and the watchdog's limit before the first message. ``backoff`` paces reconnects
     (default ``Backoff(0.1, 5.0)``). ``watchdog=False`` waits for messages forever.
 
-    Counters: :attr:`messages` (responses received), :attr:`reconnects` (streams
-    opened after the first, whatever ended the previous one: end of stream, error
-    or watchdog), :attr:`watchdog_expiries`, :attr:`last_message_at` (event-loop
-    clock of the latest response, ``None`` before the first).
+    Counters: :attr:`messages` (responses received and decoded), :attr:`reconnects`
+    (streams opened after the first, whatever ended the previous one: end of stream,
+    error, undecodable message or watchdog), :attr:`watchdog_expiries`,
+    :attr:`bad_messages` (responses that did not decode), :attr:`unexpected_errors`
+    (exceptions other than gRPC errors, recovered by reconnecting),
+    :attr:`last_message_at` (event-loop clock of the latest response, ``None``
+    before the first).
     """
 
     def __init__(
@@ -132,10 +142,13 @@ class HealthStream:
         self.service = service
         self.method = f"/{service}/NodeWatchResources"
         self._request = request_type()
+        self._response_type = response_type
+        # Responses arrive as bytes and are decoded here: a message that does not
+        # decode is a stream error we handle, not a None from gRPC's deserializer.
         self._open: grpc.aio.UnaryStreamMultiCallable[Any, Any] = channel.unary_stream(
             self.method,
             request_serializer=request_type.SerializeToString,
-            response_deserializer=response_type.FromString,
+            response_deserializer=None,
         )
         self._on_report = on_report
         self._on_state = on_state
@@ -146,6 +159,8 @@ class HealthStream:
         self.messages = 0
         self.reconnects = 0
         self.watchdog_expiries = 0
+        self.bad_messages = 0
+        self.unexpected_errors = 0
         self.last_message_at: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._failures = 0  # consecutive failed streams, for log throttling
@@ -206,7 +221,18 @@ class HealthStream:
                 self.reconnects += 1
             first = False
             self._set_state("connecting")
-            if await self._attempt() == "unimplemented":
+            try:
+                outcome = await self._attempt()
+            except Exception as exc:  # a bug or a surprise must not end health for good
+                self.unexpected_errors += 1
+                self._failed(
+                    "stream failed unexpectedly: %s: %s; reconnecting",
+                    type(exc).__name__,
+                    exc,
+                    exc_info=exc,
+                )
+                outcome = "error"
+            if outcome == "unimplemented":
                 self._set_state("unimplemented")
                 return
             self._set_state("backoff")
@@ -235,7 +261,17 @@ class HealthStream:
                 if message is grpc.aio.EOF:
                     self._failed("the plugin ended the stream; reconnecting", level=logging.INFO)
                     return "eof"
-                lease = self._received(message, lease)
+                try:
+                    decoded = self._response_type.FromString(message)
+                except (DecodeError, TypeError, ValueError) as exc:
+                    self.bad_messages += 1
+                    self._failed(
+                        "undecodable message (%d bytes): %s; reconnecting",
+                        len(message) if isinstance(message, bytes) else -1,
+                        exc,
+                    )
+                    return "bad-message"
+                lease = self._received(decoded, lease)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                 log.info(
@@ -273,9 +309,22 @@ class HealthStream:
             log.exception("health report callback failed for DRA driver %s", self.driver)
         return announced if lease is None else min(lease, announced)
 
-    def _failed(self, fmt: str, *args: object, level: int = logging.WARNING) -> None:
+    def _failed(
+        self,
+        fmt: str,
+        *args: object,
+        level: int = logging.WARNING,
+        exc_info: BaseException | None = None,
+    ) -> None:
         """Log why a stream ended: the first of a run at ``level``, repeats at debug."""
         self._failures += 1
         if self._failures > 1:
             level = logging.DEBUG
-        log.log(level, "health stream %s of DRA driver %s: " + fmt, self.method, self.driver, *args)
+        log.log(
+            level,
+            "health stream %s of DRA driver %s: " + fmt,
+            self.method,
+            self.driver,
+            *args,
+            exc_info=exc_info,
+        )
