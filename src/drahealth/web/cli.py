@@ -9,6 +9,7 @@ listen address itself fails. Usage errors exit 2.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 
 import click
@@ -78,7 +79,9 @@ async def _run(
             except OSError as exc:
                 if isinstance(exc, ConnectionError):
                     raise  # the API server, not the listen address
-                raise CommandError(f"cannot serve on {host}:{port}: {exc.strerror}") from exc
+                reason = os.strerror(exc.errno) if exc.errno else str(exc)
+                reason = reason[:1].lower() + reason[1:]
+                raise CommandError(f"cannot serve on {host}:{port}: {reason}") from exc
             click.echo(f"dashboard: {url}")
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
