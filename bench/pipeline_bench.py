@@ -37,6 +37,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
+from waits import stop_process, within
 
 from drahealth import api
 from drahealth.controlplane import APIServer
@@ -111,7 +112,8 @@ class World:
                 "--kubeconfig-out", kubeconfig, stdout=asyncio.subprocess.PIPE,
             )  # fmt: skip
             assert self.api_proc.stdout is not None
-            url = (await self.api_proc.stdout.readline()).decode().split()[-1]
+            line = await within(self.api_proc.stdout.readline(), 60, "the API server's URL")
+            url = line.decode().split()[-1]
         else:
             await self.server.start(port=0)
             self.server.write_kubeconfig(kubeconfig)
@@ -141,16 +143,14 @@ class World:
         raise RuntimeError("the agent did not start")
 
     async def stop(self) -> None:
-        if self.agent is not None and self.agent.returncode is None:
-            self.agent.terminate()
-            await self.agent.wait()
+        if self.agent is not None:
+            await stop_process(self.agent, "the agent")
         if self.handle is not None:
             await self.handle.stop(0)
         if self.client is not None:
             await self.client.close()
         if self.api_proc is not None:
-            self.api_proc.terminate()
-            await self.api_proc.wait()
+            await stop_process(self.api_proc, "the API server")
         else:
             await self.server.stop()
         shutil.rmtree(self.base, ignore_errors=True)
@@ -238,7 +238,7 @@ async def propagation(faults: int, pods: int = 200, devices: int = 1000) -> dict
         pods_r: Reflector[Pod] = Reflector(w.client, Pod, namespace="default")
         pods_r.add_handler(on_pod)
         await pods_r.start()
-        await pods_r.wait_synced()
+        await within(pods_r.wait_synced(), 30, "the pod list")
         samples = []
         try:
             for i in range(faults):
@@ -246,7 +246,7 @@ async def propagation(faults: int, pods: int = 200, devices: int = 1000) -> dict
                 want[name], seen[name] = f"fault {i}", asyncio.Event()
                 t0 = time.perf_counter()
                 w.hub.submit("bench", [DeviceReport(NODE, device, Health.UNHEALTHY, f"fault {i}")])
-                await asyncio.wait_for(seen[name].wait(), 10)
+                await within(seen[name].wait(), 10, f"fault {i} on pod {name}'s status")
                 samples.append(time.perf_counter() - t0)
                 del want[name]
         finally:
@@ -279,7 +279,7 @@ async def expiry(count: int = 100) -> dict[str, float]:
         pods_r: Reflector[Pod] = Reflector(w.client, Pod, namespace="default")
         pods_r.add_handler(on_pod)
         await pods_r.start()
-        await pods_r.wait_synced()
+        await within(pods_r.wait_synced(), 30, "the pod list")
         w.hub.silence(True)
         silenced = time.perf_counter()
         deadline = time.monotonic() + 10

@@ -7,15 +7,20 @@
 * A leader whose work hogs the event loop for longer than the lease keeps its Lease:
   renewals run on their own thread, event loop and HTTP client, so the holder never
   changes and ``renewTime`` advances at least every ``lease_duration / 2``.
+* Every wait of the benchmarks has a timeout that fails naming what it waited for.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import itertools
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from lightkube.resources.coordination_v1 import Lease
@@ -183,3 +188,41 @@ async def test_the_leader_keeps_its_lease_while_its_work_hogs_the_loop(
     stamps = [t_start, *changes, t_end]
     gap = max(b - a for a, b in itertools.pairwise(stamps))
     assert gap <= lease_duration / 2, f"renewTime stood still for {gap:.2f} s during the pass"
+
+
+# -- every benchmark wait has a timeout that says what it waited for --------------------
+
+
+def _bench_waits() -> Any:
+    path = Path(__file__).resolve().parents[2] / "bench" / "waits.py"
+    spec = importlib.util.spec_from_file_location("bench_waits", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def test_a_bench_wait_that_never_ends_fails_naming_what_it_waited_for() -> None:
+    waits = _bench_waits()
+    t0 = time.monotonic()
+    with pytest.raises(waits.BenchTimeout, match=r"timed out after 0.2 s waiting for the taint"):
+        await waits.within(asyncio.Event().wait(), 0.2, "the taint")
+    assert time.monotonic() - t0 < 5
+
+
+async def test_a_silent_child_fails_the_bench_with_its_last_output() -> None:
+    waits = _bench_waits()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", "import time; print('ready: x', flush=True); time.sleep(60)",
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    out = waits.Output(proc.stdout)
+    try:
+        assert "ready" in await out.line_with("ready:", 10, "the child to start")
+        with pytest.raises(waits.BenchTimeout, match=r"(?s)the child to lead.*ready: x"):
+            await out.line_with("leading:", 0.2, "the child to lead")
+    finally:
+        await waits.stop_process(proc, "the child", grace=5)
+        await out.close()
+    assert proc.returncode is not None
