@@ -1,61 +1,257 @@
-"""The optional data file: an atomic, checksummed JSON snapshot of the whole store.
+"""The data file: a checksummed snapshot of the whole store, written off the event loop.
 
-Owns the on-disk format ``{"version": 1, "checksum": "sha256:…", "resourceVersion": N,
-"objects": {storage key: [objects]}}`` and its durable write (temporary file, fsync,
-rename, directory fsync). A file that cannot be read or verified raises
-``DataFileError`` naming the file; nothing is silently dropped.
+Owns the snapshot format, its durable streaming write and its loading (with a shape
+check of every object), plus the small line codec and write helpers the journal's log
+(``_wal``) shares. Version 2 (written now), UTF-8, one line each::
+
+    <crc32> {"format": "drahealth-apiserver-data", "version": 2, "resourceVersion": N,
+             "objects": COUNT}
+    <crc32> {"key": "<storage key>", "object": {...}}        # COUNT lines
+
+``<crc32>`` is 8 lowercase hex digits over the JSON bytes of the line. Objects are
+encoded one at a time, so a writer thread gives the event loop the interpreter lock
+between objects. Version 1 (one JSON document ``{"version": 1, "checksum":
+"sha256:…", "resourceVersion": N, "objects": {key: [objects]}}``) is still read.
+
+Writes go to ``.<name>.tmp``, are fsynced, renamed over the file and the directory is
+fsynced: a failed or interrupted save never replaces the last good file. A short
+write is continued; a write that makes no progress is an error. A file that cannot be
+read, verified or that holds a wrongly shaped object raises ``DataFileError`` naming
+the file; nothing is dropped silently.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
+import zlib
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 JSON = dict[str, Any]
-FORMAT_VERSION = 1
+State = dict[str, dict[tuple[str, str], JSON]]
+FORMAT = "drahealth-apiserver-data"
+FORMAT_VERSION = 2
+_BUFFER = 1 << 20
+
+# I/O primitives, looked up at call time so tests can inject ENOSPC, EIO or short writes.
+_write = os.write
+_fsync = os.fsync
 
 
 class DataFileError(RuntimeError):
     """The data file exists but is unreadable, corrupt or of an unknown version."""
 
 
-def _checksum(rv: int, objects: JSON) -> str:
+class _BadLine(ValueError):
+    """A line whose checksum does not verify (a torn write when it is the last one)."""
+
+
+# --------------------------------------------------------------------------- line codec
+
+
+def encode_line(record: JSON) -> bytes:
+    """``<crc32> <compact JSON>\\n``."""
+    body = msgspec.json.encode(record)
+    return b"%08x %s\n" % (zlib.crc32(body), body)
+
+
+def decode_line(line: bytes) -> JSON:
+    """The JSON object of one line (without its newline); ValueError says what is wrong."""
+    if len(line) < 10 or line[8:9] != b" " or line[:8].strip(b"0123456789abcdef"):
+        raise _BadLine("not a '<crc32> <json>' line")
+    body = line[9:]
+    if int(line[:8], 16) != zlib.crc32(body):
+        raise _BadLine("checksum mismatch")
+    try:
+        doc = json.loads(body)
+    except ValueError as e:
+        raise ValueError(f"not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"a JSON {type(doc).__name__}, not an object")
+    return doc
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    """Write every byte (continuing after short writes); OSError when no progress."""
+    view = memoryview(data)
+    while view:
+        n = _write(fd, view)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, f"short write: {len(view)} bytes could not be written")
+        view = view[n:]
+
+
+def fsync_dir(directory: Path) -> None:
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def replace_durably(path: Path, chunks: Any) -> int:
+    """Write the byte chunks to ``.<name>.tmp``, fsync, rename over ``path``, fsync the
+    directory; the byte count. On any error the temp file is removed and ``path`` is
+    untouched."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    size = 0
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            for chunk in chunks:
+                write_all(fd, chunk)
+                size += len(chunk)
+            _fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+    return size
+
+
+def _snapshot_chunks(rv: int, objects: Mapping[str, Collection[JSON]]) -> Any:
+    count = sum(len(objs) for objs in objects.values())
+    header = {"format": FORMAT, "version": FORMAT_VERSION, "resourceVersion": rv}
+    buf = bytearray(encode_line({**header, "objects": count}))
+    for key in sorted(objects):
+        for obj in objects[key]:
+            buf += encode_line({"key": key, "object": obj})
+            if len(buf) >= _BUFFER:
+                yield bytes(buf)
+                buf.clear()
+    yield bytes(buf)
+
+
+def save(path: Path, rv: int, objects: Mapping[str, Collection[JSON]]) -> int:
+    """Write a version-2 snapshot durably; the bytes written.
+
+    ``objects`` maps storage keys to objects that must not change while this runs
+    (stored objects never do), so it may run in a worker thread.
+    """
+    return replace_durably(Path(path), _snapshot_chunks(rv, objects))
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def object_problem(obj: Any, max_rv: int) -> str | None:
+    """What is wrong with the shape of a stored object, or None."""
+    if not isinstance(obj, dict):
+        return f"an object is a JSON {type(obj).__name__}, not an object"
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return f"metadata is a {type(meta).__name__}, not an object"
+    name, ns = meta.get("name"), meta.get("namespace")
+    if not isinstance(name, str) or not name:
+        return f"metadata.name must be a non-empty string, got {name!r}"
+    if ns is not None and not isinstance(ns, str):
+        return f"{name}: metadata.namespace must be a string, got {ns!r}"
+    rv = meta.get("resourceVersion")
+    if not isinstance(rv, str) or not rv.isascii() or not rv.isdigit():
+        return f"{name}: metadata.resourceVersion must be a decimal string, got {rv!r}"
+    if not 0 < int(rv) <= max_rv:
+        return f"{name}: metadata.resourceVersion {rv} is outside 1..{max_rv}"
+    return None
+
+
+def ident(obj: JSON) -> tuple[str, str]:
+    meta = obj["metadata"]
+    return str(meta.get("namespace") or ""), str(meta["name"])
+
+
+def check_rv(value: Any) -> int | None:
+    """``value`` as a resourceVersion counter (a non-negative int, not a bool), or None."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def _add(path: Path, where: str, out: State, key: Any, obj: Any, rv: int) -> None:
+    if not isinstance(key, str) or not key:
+        raise DataFileError(f"{path}: corrupt data file ({where}: bad storage key {key!r})")
+    problem = object_problem(obj, rv)
+    if problem is not None:
+        raise DataFileError(f"{path}: corrupt data file ({where}, {key}: {problem})")
+    bucket = out.setdefault(key, {})
+    ident_ = ident(obj)
+    if ident_ in bucket:
+        raise DataFileError(f"{path}: corrupt data file ({where}: {key} {ident_} twice)")
+    bucket[ident_] = obj
+
+
+def _load_v1(path: Path, raw: bytes) -> tuple[int, State]:
+    try:
+        doc = json.loads(raw)
+    except ValueError as e:
+        raise DataFileError(f"{path}: corrupt data file (not JSON: {e})") from e
+    if not isinstance(doc, dict):
+        raise DataFileError(f"{path}: corrupt data file (not a JSON object)")
+    if doc.get("version") != 1:
+        raise DataFileError(f"{path}: unsupported data file version {doc.get('version')!r}")
+    rv, objects = check_rv(doc.get("resourceVersion")), doc.get("objects")
+    if rv is None or not isinstance(objects, dict):
+        raise DataFileError(f"{path}: corrupt data file (missing resourceVersion or objects)")
     body = json.dumps(
         {"resourceVersion": rv, "objects": objects}, sort_keys=True, separators=(",", ":")
     ).encode()
-    return "sha256:" + hashlib.sha256(body).hexdigest()
+    if doc.get("checksum") != "sha256:" + hashlib.sha256(body).hexdigest():
+        raise DataFileError(f"{path}: corrupt data file (checksum mismatch)")
+    out: State = {}
+    for key, items in objects.items():
+        if not isinstance(items, list):
+            raise DataFileError(f"{path}: corrupt data file (bad object list for {key!r})")
+        out.setdefault(key, {})
+        for obj in items:
+            _add(path, "version 1", out, key, obj, rv)
+    return rv, out
 
 
-def save(path: Path, rv: int, objects: JSON) -> None:
-    """Write the snapshot durably: tmp + fsync + rename + directory fsync."""
-    path = Path(path)
-    doc = {
-        "version": FORMAT_VERSION,
-        "checksum": _checksum(rv, objects),
-        "resourceVersion": rv,
-        "objects": objects,
-    }
-    data = json.dumps(doc, separators=(",", ":")).encode()
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def _load_v2(path: Path, raw: bytes) -> tuple[int, State]:
+    lines = raw.split(b"\n")
+    if lines[-1]:
+        raise DataFileError(f"{path}: corrupt data file (truncated: no final line end)")
+    lines.pop()
     try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        header = decode_line(lines[0])
+    except ValueError as e:
+        raise DataFileError(f"{path}: corrupt data file (line 1: {e})") from None
+    if header.get("format") != FORMAT:
+        raise DataFileError(f"{path}: corrupt data file (line 1 is not a {FORMAT} header)")
+    if header.get("version") != FORMAT_VERSION:
+        raise DataFileError(f"{path}: unsupported data file version {header.get('version')!r}")
+    rv, count = check_rv(header.get("resourceVersion")), check_rv(header.get("objects"))
+    if rv is None or count is None:
+        raise DataFileError(f"{path}: corrupt data file (line 1: bad resourceVersion or count)")
+    if len(lines) - 1 != count:
+        raise DataFileError(
+            f"{path}: corrupt data file (header says {count} objects, found {len(lines) - 1})"
+        )
+    out: State = {}
+    for number, line in enumerate(lines[1:], start=2):
+        try:
+            rec = decode_line(line)
+        except ValueError as e:
+            raise DataFileError(f"{path}: corrupt data file (line {number}: {e})") from None
+        _add(path, f"line {number}", out, rec.get("key"), rec.get("object"), rv)
+    return rv, out
 
 
-def load(path: Path) -> tuple[int, JSON] | None:
-    """``(resourceVersion, objects)`` from the file, or None when it does not exist."""
+def load_state(path: Path) -> tuple[int, State] | None:
+    """``(resourceVersion, {key: {(namespace, name): object}})``, or None if absent."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -63,20 +259,15 @@ def load(path: Path) -> tuple[int, JSON] | None:
         return None
     except OSError as e:
         raise DataFileError(f"{path}: cannot read data file: {e}") from e
-    try:
-        doc = json.loads(raw)
-    except ValueError as e:
-        raise DataFileError(f"{path}: corrupt data file (not JSON: {e})") from e
-    if not isinstance(doc, dict):
-        raise DataFileError(f"{path}: corrupt data file (not a JSON object)")
-    if doc.get("version") != FORMAT_VERSION:
-        raise DataFileError(f"{path}: unsupported data file version {doc.get('version')!r}")
-    rv, objects = doc.get("resourceVersion"), doc.get("objects")
-    if not isinstance(rv, int) or not isinstance(objects, dict):
-        raise DataFileError(f"{path}: corrupt data file (missing resourceVersion or objects)")
-    if doc.get("checksum") != _checksum(rv, objects):
-        raise DataFileError(f"{path}: corrupt data file (checksum mismatch)")
-    for key, items in objects.items():
-        if not isinstance(items, list) or not all(isinstance(o, dict) for o in items):
-            raise DataFileError(f"{path}: corrupt data file (bad object list for {key!r})")
-    return rv, objects
+    if raw.lstrip()[:1] in (b"{", b"[") or not raw.strip():
+        return _load_v1(path, raw)
+    return _load_v2(path, raw)
+
+
+def load(path: Path) -> tuple[int, JSON] | None:
+    """``(resourceVersion, {key: [objects]})`` from the file, or None when it does not exist."""
+    loaded = load_state(path)
+    if loaded is None:
+        return None
+    rv, state = loaded
+    return rv, {k: list(bucket.values()) for k, bucket in state.items()}

@@ -4,8 +4,10 @@ Owns URL routing (``/api``, ``/apis``, discovery, ``/version``, health endpoints
 query-parameter parsing, content negotiation (JSON always; ``Table`` when kubectl
 asks for it; aggregated discovery v2 when asked), the watch stream (chunked,
 newline-delimited JSON, bookmarks, ``timeoutSeconds``, 410 as an ``ERROR`` event),
-the data file (load on start, debounced atomic save after writes, save on stop) and
-the kubeconfig written for clients. Object semantics live in ``_engine``.
+the 504 "Too large resource version" answer, the data file's lifecycle (loaded on start;
+every answer waits until what it reports is durable, see ``_wal``; ``/readyz`` and
+``/metrics`` report persistence) and the kubeconfig written for clients. Object
+semantics live in ``_engine``.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ import msgspec
 import yaml
 from aiohttp import web
 
-from . import _persist, _protobuf, _resources, _status
+from drahealth._http_guard import HTTPGuard, HTTPLimits
+
+from . import _decode, _protobuf, _resources, _status
 from ._engine import APPLY, NAMESPACES, PATCH_TYPES, Engine, WriteOptions
-from ._protobuf import ProtobufError
+from ._protobuf import ProtobufError, UnsupportedKind
 from ._resources import ResourceType
 from ._selectors import (
     FieldSelector,
@@ -37,6 +41,7 @@ from ._selectors import (
 from ._status import APIError
 from ._store import Store, TooOld
 from ._table import table, wants_table
+from ._wal import COMPACT_BYTES, RETRY_INTERVAL_S, Journal, PersistError
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +65,21 @@ VERSION_INFO: JSON = {
     "compiler": "drahealth",
     "platform": "linux/amd64",
 }
-SAVE_DELAY_S = 0.5
 PROTOBUF = "application/vnd.kubernetes.protobuf"
-_BODY_TYPES = (
-    "",
-    "application/json",
-    "application/yaml",
-    "text/plain",
-    "application/octet-stream",
-    PROTOBUF,
-)
+#: Media types a POST/PUT/DELETE body may have (the real server's; PATCH has its own).
+#: None of them can be sent cross-origin by a browser without a CORS preflight, and a
+#: body without a Content-Type is refused too (a browser can send one as a simple request).
+_BODY_TYPES = ("application/json", "application/yaml", PROTOBUF)
+#: A watch write (one event) that does not complete in this time closes the watch.
+WATCH_WRITE_TIMEOUT_S = 10.0
+
+
+class _SlowConsumer(Exception):
+    """The watch client does not read: a write did not complete in time."""
+
+
+def _too_large(message: str) -> APIError:
+    return APIError(_status.status(413, message, "RequestEntityTooLarge"))
 
 
 def _encode(obj: Any) -> bytes:
@@ -129,7 +139,12 @@ class APIServer:
         data_file: str | Path | None = None,
         watch_window: int = 1000,
         bookmark_interval: float = 1.0,
+        *,
+        limits: HTTPLimits | None = None,
+        allowed_hosts: tuple[str, ...] = (),
     ) -> None:
+        self.http_limits = limits or HTTPLimits(max_connections=512)
+        self.allowed_hosts = allowed_hosts
         self.store = Store(watch_window)
         self.engine = Engine(self.store)
         self.bookmark_interval = bookmark_interval
@@ -137,7 +152,10 @@ class APIServer:
         self._runner: web.AppRunner | None = None
         self._host = "127.0.0.1"
         self._port: int | None = None
-        self._save_handle: asyncio.TimerHandle | None = None
+        self._journal: Journal | None = None
+        #: Log size that triggers a snapshot, and the retry interval after a failure.
+        self.persist_compact_bytes = COMPACT_BYTES
+        self.persist_retry_interval = RETRY_INTERVAL_S
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -153,32 +171,39 @@ class APIServer:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self._load()
-        app = web.Application(middlewares=[_errors], client_max_size=8 * 1024 * 1024)
+        guard = HTTPGuard(host, limits=self.http_limits, allowed_hosts=self.allowed_hosts)
+        app = web.Application(
+            middlewares=[*guard.middlewares, _errors], client_max_size=8 * 1024 * 1024
+        )
         app.router.add_route("*", "/{tail:.*}", self._dispatch)
         runner = web.AppRunner(
-            app, access_log=None, handler_cancellation=True, shutdown_timeout=2.0
+            app,
+            access_log=None,
+            handler_cancellation=True,
+            shutdown_timeout=2.0,
+            **guard.runner_kwargs,
         )
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
+        site = guard.site(runner, host, port)
         await site.start()
         self._runner = runner
         self._host = host
         addr = runner.addresses[0]
         self._port = int(addr[1])
-        if self._data_file is not None:
-            self.store.on_write = self._schedule_save
         log.info("API server listening on %s", self.url)
 
     async def stop(self) -> None:
-        """Close open watches, stop serving and write the data file if configured."""
+        """Close open watches, stop serving, make the data file complete.
+
+        Raises PersistError (a DataFileError) when persistence is failing at the end.
+        """
         self.store.close_watchers()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        if self._save_handle is not None:
-            self._save_handle.cancel()
-            self._save_handle = None
-        self.save()
+        journal, self._journal = self._journal, None
+        if journal is not None:
+            await journal.close()
 
     def compact(self) -> None:
         """Test hook: forget buffered watch events so older resourceVersions get 410."""
@@ -212,33 +237,71 @@ class APIServer:
     # ------------------------------------------------------------------ persistence
 
     def _load(self) -> None:
-        loaded = _persist.load(self._data_file) if self._data_file is not None else None
-        if loaded is not None:
-            rv, objects = loaded
-            self.store.restore(rv, objects)
-            return
+        journal = None
+        if self._data_file is not None:
+            journal = Journal(
+                self.store,
+                self._data_file,
+                compact_bytes=self.persist_compact_bytes,
+                retry_interval=self.persist_retry_interval,
+            )
+            if journal.load():
+                journal.start()
+                self._journal = journal
+                return
         opts = WriteOptions(manager="drahealth-apiserver")
         for ns in BOOTSTRAP_NAMESPACES:
             if self.store.get(NAMESPACES.key, "", ns) is None:
                 self.engine.create(NAMESPACES, None, {"metadata": {"name": ns}}, opts)
+        if journal is not None:
+            journal.start()
+            self._journal = journal
 
-    def _schedule_save(self) -> None:
-        if self._save_handle is None:
-            loop = asyncio.get_running_loop()
-            self._save_handle = loop.call_later(SAVE_DELAY_S, self._save_now)
-
-    def _save_now(self) -> None:
-        self._save_handle = None
+    async def _durable(self) -> None:
+        """Wait until every write this answer may reflect is durable (500 if it cannot be)."""
+        target = self.store.pending_rv()
+        if target is None or self._journal is None:
+            return
         try:
-            self.save()
-        except OSError:
-            log.exception("could not write the data file %s", self._data_file)
+            await self._journal.wait(target)
+        except PersistError as e:
+            raise APIError(_status.status(500, str(e))) from e
 
-    def save(self) -> None:
-        """Write the data file now (no-op without one)."""
-        if self._data_file is not None:
-            snap = self.store.snapshot()
-            _persist.save(self._data_file, snap["resourceVersion"], snap["objects"])
+    def _readiness(self) -> web.Response:
+        journal = self._journal
+        if journal is not None and not journal.healthy:
+            text = f"[-]persistence failed: {journal.problem}\nreadyz check failed\n"
+            return web.Response(status=500, text=text)
+        return web.Response(text="ok")
+
+    def _metrics(self) -> web.Response:
+        values = self._journal.metrics() if self._journal is not None else {}
+        lines = []
+        if not values:
+            values = {"drahealth_apiserver_persist_healthy": ("gauge", "persistence works", 1.0)}
+        for name, (kind, text, value) in values.items():
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name} {value:g}"]
+        return web.Response(
+            text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8"
+        )
+
+    def _too_large(self, raw: str | None) -> None:
+        """504 "Too large resource version" for a resourceVersion newer than ours."""
+        try:
+            requested = int(raw) if raw else 0
+        except ValueError:
+            return
+        current = self.store.committed_rv
+        if requested <= self.store.rv:
+            return
+        body = _status.status(
+            504,
+            f"Too large resource version: {requested}, current: {current}",
+            "Timeout",
+            causes=[{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+        )
+        body.setdefault("details", {})["retryAfterSeconds"] = 1
+        raise APIError(body)
 
     # ------------------------------------------------------------------ routing
 
@@ -246,11 +309,26 @@ class APIServer:
         parts = [p for p in request.path.split("/") if p]
         if not parts:
             return _respond(
-                {"paths": ["/api", "/api/v1", "/apis", "/healthz", "/livez", "/readyz", "/version"]}
+                {
+                    "paths": [
+                        "/api",
+                        "/api/v1",
+                        "/apis",
+                        "/healthz",
+                        "/livez",
+                        "/metrics",
+                        "/readyz",
+                        "/version",
+                    ]
+                }
             )
         head = parts[0]
-        if head in ("healthz", "readyz", "livez") and request.method == "GET":
+        if head == "readyz" and request.method == "GET":
+            return self._readiness()
+        if head in ("healthz", "livez") and request.method == "GET":
             return web.Response(text="ok")
+        if head == "metrics" and len(parts) == 1 and request.method == "GET":
+            return self._metrics()
         if head == "version" and len(parts) == 1:
             return _respond(VERSION_INFO)
         if head == "openapi" and len(parts) >= 2 and parts[1] == "v3":
@@ -260,7 +338,10 @@ class APIServer:
                 return self._discovery(request, legacy=True)
             if len(parts) == 2:
                 return self._resource_list("", parts[1])
-            return await self._resource(request, "", parts[1], parts[2:])
+            resp = await self._resource(request, "", parts[1], parts[2:])
+            if not resp.prepared:  # a watch streams by itself; anything else waits here
+                await self._durable()
+            return resp
         if head == "apis":
             if len(parts) == 1:
                 return self._discovery(request, legacy=False)
@@ -271,7 +352,10 @@ class APIServer:
                 return _respond(body)
             if len(parts) == 3:
                 return self._resource_list(parts[1], parts[2])
-            return await self._resource(request, parts[1], parts[2], parts[3:])
+            resp = await self._resource(request, parts[1], parts[2], parts[3:])
+            if not resp.prepared:
+                await self._durable()
+            return resp
         raise _not_found_path()
 
     def _discovery(self, request: web.Request, legacy: bool) -> web.Response:
@@ -335,23 +419,43 @@ class APIServer:
 
     @staticmethod
     async def _body(request: web.Request, *, allow_empty: bool = False) -> Any:
-        raw = await request.read()
-        ctype = request.content_type
+        """Read and decode the body: bounded size, accepted media types, plain JSON out.
+
+        Decoding failures are 400, a body the media type cannot carry 415, a body over
+        the request limit 413 (see ``_decode``); never a 500.
+        """
+        limit = _decode.MAX_BODY_BYTES
+        if request.content_length is not None and request.content_length > limit:
+            raise _too_large(str(_decode.body_too_large()))
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := await request.content.read(64 * 1024):
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(str(_decode.body_too_large()))
+            chunks.append(chunk)
+        raw = b"".join(chunks)
         if not raw.strip():
             if allow_empty:
                 return None
             raise _status.bad_request("the body of the request was empty")
-        if ctype == PROTOBUF:
-            try:
-                return _protobuf.decode(raw)
-            except ProtobufError as e:
-                raise APIError(_status.status(415, str(e))) from e
+        APIServer._require_body_type(request)
+        ctype = request.content_type if "Content-Type" in request.headers else "application/json"
         try:
+            if ctype == PROTOBUF:
+                return _protobuf.decode(raw)
             if ctype == "application/yaml" or ctype == APPLY:
-                return yaml.safe_load(raw)
-            return json.loads(raw)
-        except (ValueError, yaml.YAMLError) as e:
-            raise _status.bad_request(f"couldn't get version/kind; json parse error: {e}") from e
+                return _decode.decode_yaml(raw)
+            return _decode.decode_json(raw)
+        except UnsupportedKind as e:
+            raise APIError(_status.status(415, str(e))) from e
+        except ProtobufError as e:
+            raise _status.bad_request(f"couldn't decode the protobuf body: {e}") from e
+        except _decode.TooLarge as e:
+            raise _too_large(str(e)) from e
+        except _decode.DecodeError as e:
+            kind = "yaml" if ctype in ("application/yaml", APPLY) else "json"
+            raise _status.bad_request(f"couldn't get version/kind; {kind} parse error: {e}") from e
 
     @staticmethod
     def _options(request: web.Request) -> WriteOptions:
@@ -403,6 +507,7 @@ class APIServer:
                 labels, fields = self._selectors(request, rt)
                 if _truthy(q.get("watch")):
                     return await self._watch(request, rt, ns, labels, fields)
+                self._too_large(q.get("resourceVersion"))
                 items = self.engine.select(rt, ns, labels, fields)
                 if as_table:
                     return _respond(table(rt, items, str(self.store.rv), include))
@@ -461,12 +566,31 @@ class APIServer:
 
     @staticmethod
     def _require_body_type(request: web.Request) -> None:
-        if request.content_type not in _BODY_TYPES:
+        """415 unless the body's media type is one the real server accepts for the method."""
+        accepted = PATCH_TYPES if request.method == "PATCH" else _BODY_TYPES
+        if "Content-Type" not in request.headers:
+            # The real server reads such a body as JSON, and kubectl relies on it
+            # (``create --raw -f`` sends none). A browser page can send a body without a
+            # Content-Type cross-origin with no preflight, but only with the browser's own
+            # User-Agent (``Mozilla/...``) and without an Authorization header it set.
+            agent = request.headers.get("User-Agent", "")
+            browser = agent.startswith("Mozilla/") or not agent
+            if request.method != "PATCH" and ("Authorization" in request.headers or not browser):
+                return
             raise APIError(
                 _status.status(
                     415,
-                    "the body of the request was in an unknown format - accepted media types "
-                    "include: application/json, application/yaml",
+                    "the body of the request has no Content-Type - accepted media types "
+                    f"include: {', '.join(accepted)}",
+                )
+            )
+        if request.content_type not in accepted:
+            raise APIError(
+                _status.status(
+                    415,
+                    f"the body of the request was in an unknown format "
+                    f"({request.content_type}) - accepted media types include: "
+                    f"{', '.join(accepted)}",
                 )
             )
 
@@ -505,6 +629,8 @@ class APIServer:
             meta = obj.get("metadata") or {}
             return labels.matches(meta.get("labels")) and fields.matches(obj)
 
+        if since is not None:
+            self._too_large(str(since))
         resp = web.StreamResponse(status=200)
         resp.content_type = "application/json"
         resp.enable_chunked_encoding()
@@ -520,10 +646,16 @@ class APIServer:
 
         async def send(kind: str, obj: JSON) -> None:
             payload = table(rt, [obj], None, include) if as_table and kind != "BOOKMARK" else obj
-            await resp.write(_encode({"type": kind, "object": payload}) + b"\n")
+            try:
+                # A client that stops reading leaves the write waiting for the transport
+                # to drain; bound that wait so it cannot pin the stream (and its buffer).
+                async with asyncio.timeout(WATCH_WRITE_TIMEOUT_S):
+                    await resp.write(_encode({"type": kind, "object": payload}) + b"\n")
+            except TimeoutError as e:
+                raise _SlowConsumer from e
 
         def bookmark(end_of_initial: bool = False) -> JSON:
-            meta: JSON = {"resourceVersion": str(self.store.rv)}
+            meta: JSON = {"resourceVersion": str(self.store.committed_rv)}
             if end_of_initial:
                 meta["annotations"] = {"k8s.io/initial-events-end": "true"}
             return {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta}
@@ -553,6 +685,12 @@ class APIServer:
                 await send(*item)
         except ConnectionError:
             return resp
+        except _SlowConsumer:
+            log.info("closing a watch on %s: the client stopped reading", rt.plural)
+            self.store.close_slow(watcher)
+            if request.transport is not None:
+                request.transport.abort()
+            return resp
         finally:
             self.store.unwatch(watcher)
         with contextlib.suppress(ConnectionError):
@@ -565,11 +703,12 @@ async def serve_forever(
     kubeconfig_out: Path | None = None,
     data: Path | None = None,
     host: str = "127.0.0.1",
+    allowed_hosts: tuple[str, ...] = (),
 ) -> None:
     """Run an API server until SIGINT/SIGTERM; prints ``listening on URL`` once ready."""
     import signal
 
-    server = APIServer(data_file=data)
+    server = APIServer(data_file=data, allowed_hosts=allowed_hosts)
     await server.start(host=host, port=port)
     if kubeconfig_out is not None:
         server.write_kubeconfig(kubeconfig_out)

@@ -5,6 +5,14 @@ single monotonically increasing resourceVersion stamped on every write, a bounde
 buffer of recent events (``window`` events; older resourceVersions are answered with
 ``Expired``), and the per-watcher ``asyncio.Queue``s. Knows nothing of HTTP,
 validation or kinds beyond a storage key string.
+
+Durability hand-off: with ``journaled`` set (a data file is in use), every write is
+applied at once (later operations read it) but kept as a pending :class:`Change`
+until the journal reports it durable: :meth:`Store.commit` then publishes its event to
+the watch buffer and the watchers, :meth:`Store.rollback` undoes every pending change
+(and gives their resourceVersions back: nobody has seen them). ``committed_rv`` is the
+newest durable resourceVersion; watchers never see a change that could still vanish.
+Without a journal every write is committed immediately.
 """
 
 from __future__ import annotations
@@ -46,19 +54,59 @@ def _with_rv(obj: JSON, rv: int) -> JSON:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One applied but not yet durable write: what the journal stores and what undoes it."""
+
+    rv: int
+    key: str
+    ident: tuple[str, str]
+    old: JSON | None  # the stored object before the write (None: there was none)
+    new: JSON | None  # the stored object after the write (None: deleted)
+    event: Event
+
+
+#: Most events queued for one watcher; a watcher that falls this far behind is closed.
+WATCH_QUEUE_LIMIT = 1000
+
+
 @dataclass(eq=False)
 class Watcher:
-    """One open watch: its queue receives ``(type, object)`` pairs, ``None`` closes it."""
+    """One open watch: its queue receives ``(type, object)`` pairs, ``None`` closes it.
+
+    The queue holds at most ``limit`` events (plus the closing ``None``). When an event
+    finds it full, ``offer`` answers False and the store closes the watcher: what was
+    queued is dropped and the stream ends, so the client re-watches from the last
+    resourceVersion it saw (as the real API server does with a slow watcher).
+    """
 
     key: str
     namespace: str | None
     match: Callable[[JSON], bool]
+    limit: int = WATCH_QUEUE_LIMIT
     queue: asyncio.Queue[tuple[str, JSON] | None] = field(default_factory=asyncio.Queue)
+    closed: bool = False
 
-    def offer(self, ev: Event) -> None:
+    def offer(self, ev: Event) -> bool:
+        """Queue what this watcher sees of ``ev``; False when its queue is full."""
+        if self.closed:
+            return True
         out = self.translate(ev)
-        if out is not None:
-            self.queue.put_nowait(out)
+        if out is None:
+            return True
+        if self.queue.qsize() >= self.limit:
+            return False
+        self.queue.put_nowait(out)
+        return True
+
+    def close(self, *, drop_queued: bool = True) -> None:
+        """End the stream with ``None``; a slow watcher's queued events are dropped."""
+        if self.closed:
+            return
+        self.closed = True
+        while drop_queued and not self.queue.empty():
+            self.queue.get_nowait()
+        self.queue.put_nowait(None)
 
     def translate(self, ev: Event) -> tuple[str, JSON] | None:
         """Map a store event to what this watcher sees (selector transitions included)."""
@@ -80,6 +128,11 @@ class Watcher:
 class Store:
     """All objects by storage key, namespace and name."""
 
+    #: Per-watcher queue bound (see ``Watcher``); tests may lower it on an instance.
+    watch_queue_limit: int = WATCH_QUEUE_LIMIT
+    #: Watchers closed because they could not keep up (queue full or writes stuck).
+    slow_watchers_closed: int = 0
+
     def __init__(self, window: int = 1000) -> None:
         self.window = max(1, window)
         self.rv = 0
@@ -88,6 +141,11 @@ class Store:
         self._events: deque[Event] = deque()
         self._watchers: set[Watcher] = set()
         self.on_write: Callable[[], None] | None = None
+        #: Newest resourceVersion whose write is durable (== ``rv`` without a journal).
+        self.committed_rv = 0
+        #: Set by the journal: writes stay pending until :meth:`commit`.
+        self.journaled = False
+        self._pending: list[Change] = []
 
     # ------------------------------------------------------------------ reads
 
@@ -103,12 +161,20 @@ class Store:
 
     # ------------------------------------------------------------------ writes
 
-    def _emit(self, ev: Event) -> None:
+    def _publish(self, ev: Event) -> None:
         if len(self._events) >= self.window:
             self._floor = self._events.popleft().rv
         self._events.append(ev)
         for w in list(self._watchers):
-            w.offer(ev)
+            if not w.offer(ev):
+                self.close_slow(w)
+
+    def _emit(self, ev: Event, ident: tuple[str, str], old: JSON | None, new: JSON | None) -> None:
+        if self.journaled:
+            self._pending.append(Change(ev.rv, ev.key, ident, old, new, ev))
+        else:
+            self._publish(ev)
+            self.committed_rv = ev.rv
         if self.on_write is not None:
             self.on_write()
 
@@ -118,8 +184,11 @@ class Store:
 
     def create(self, key: str, obj: JSON) -> JSON:
         obj = self._stamp(obj)
-        self._objects.setdefault(key, {})[_ns_name(obj)] = obj
-        self._emit(Event(self.rv, ADDED, key, obj))
+        ident = _ns_name(obj)
+        bucket = self._objects.setdefault(key, {})
+        old = bucket.get(ident)
+        bucket[ident] = obj
+        self._emit(Event(self.rv, ADDED, key, obj), ident, old, obj)
         return obj
 
     def update(self, key: str, obj: JSON) -> JSON:
@@ -127,19 +196,81 @@ class Store:
         old = self._objects.get(key, {}).get(ident)
         obj = self._stamp(obj)
         self._objects.setdefault(key, {})[ident] = obj
-        self._emit(Event(self.rv, MODIFIED, key, obj, old))
+        self._emit(Event(self.rv, MODIFIED, key, obj, old), ident, old, obj)
         return obj
 
     def delete(self, key: str, obj: JSON) -> JSON:
-        self._objects.get(key, {}).pop(_ns_name(obj), None)
+        ident = _ns_name(obj)
+        old = self._objects.get(key, {}).pop(ident, None)
         obj = self._stamp(obj)
-        self._emit(Event(self.rv, DELETED, key, obj))
+        self._emit(Event(self.rv, DELETED, key, obj), ident, old, None)
         return obj
 
     def compact(self) -> None:
         """Forget all buffered events: any resourceVersion below the current one expires."""
         self._events.clear()
-        self._floor = self.rv
+        self._floor = self.committed_rv
+
+    # ------------------------------------------------------------------ durability
+
+    def pending(self) -> list[Change]:
+        """The writes not yet durable, oldest first (a copy)."""
+        return list(self._pending)
+
+    def pending_rv(self) -> int | None:
+        """resourceVersion of the newest pending write, or None when all are durable."""
+        return self._pending[-1].rv if self._pending else None
+
+    def commit(self, count: int) -> None:
+        """The oldest ``count`` pending writes are durable: publish their events."""
+        done, self._pending = self._pending[:count], self._pending[count:]
+        for change in done:
+            self._publish(change.event)
+            self.committed_rv = change.rv
+
+    def rollback(self) -> int:
+        """Undo every pending write (newest first); returns how many were undone.
+
+        Their resourceVersions are handed out again: no client has seen them (answers,
+        reads and watch events all wait for durability).
+        """
+        undone, self._pending = self._pending, []
+        for change in reversed(undone):
+            bucket = self._objects.setdefault(change.key, {})
+            if change.old is None:
+                bucket.pop(change.ident, None)
+            else:
+                bucket[change.ident] = change.old
+        self.rv = self.committed_rv
+        return len(undone)
+
+    def committed_state(self) -> dict[str, dict[tuple[str, str], JSON]]:
+        """A shallow copy of the durable state (pending writes undone on the copy).
+
+        Stored objects are never mutated, so the copy may be read from another thread
+        while the store goes on changing.
+        """
+        state = {k: dict(v) for k, v in self._objects.items()}
+        for change in reversed(self._pending):
+            bucket = state.setdefault(change.key, {})
+            if change.old is None:
+                bucket.pop(change.ident, None)
+            else:
+                bucket[change.ident] = change.old
+        return state
+
+    def committed_objects(self, key: str, namespace: str | None = None) -> list[JSON]:
+        """Like :meth:`objects`, without the writes that are not yet durable."""
+        if not any(c.key == key for c in self._pending):
+            return self.objects(key, namespace)
+        objs = dict(self._objects.get(key, {}))
+        for change in reversed(self._pending):
+            if change.key == key:
+                if change.old is None:
+                    objs.pop(change.ident, None)
+                else:
+                    objs[change.ident] = change.old
+        return [objs[k] for k in sorted(objs) if namespace is None or k[0] == namespace]
 
     # ------------------------------------------------------------------ watch
 
@@ -159,10 +290,10 @@ class Store:
         ``since=None`` means "current state": synthetic ADDED events for every
         matching object. Otherwise buffered events after ``since`` are replayed.
         """
-        w = Watcher(key, namespace, match)
+        w = Watcher(key, namespace, match, self.watch_queue_limit)
         initial: list[tuple[str, JSON]] = []
         if since is None:
-            initial = [(ADDED, o) for o in self.objects(key, namespace) if match(o)]
+            initial = [(ADDED, o) for o in self.committed_objects(key, namespace) if match(o)]
         else:
             self.check_rv(since)
             for ev in self._events:
@@ -176,9 +307,16 @@ class Store:
     def unwatch(self, w: Watcher) -> None:
         self._watchers.discard(w)
 
+    def close_slow(self, w: Watcher) -> None:
+        """Close a watcher that cannot keep up (full queue or stuck writer) and count it."""
+        if not w.closed:
+            self.slow_watchers_closed += 1
+        self._watchers.discard(w)
+        w.close()
+
     def close_watchers(self) -> None:
         for w in list(self._watchers):
-            w.queue.put_nowait(None)
+            w.close(drop_queued=False)
         self._watchers.clear()
 
     # ------------------------------------------------------------------ persistence
@@ -192,5 +330,7 @@ class Store:
     def restore(self, rv: int, objects: dict[str, Iterable[JSON]]) -> None:
         self._objects = {k: {_ns_name(o): o for o in objs} for k, objs in objects.items()}
         self.rv = rv
+        self.committed_rv = rv
         self._floor = rv
         self._events.clear()
+        self._pending.clear()

@@ -15,7 +15,7 @@ from drahealth.controlplane._protobuf import MAGIC, ProtobufError, decode
 def test_save_load_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "store.json"
     assert load(path) is None
-    objects = {"/pods": [{"metadata": {"name": "a"}}]}
+    objects = {"/pods": [{"metadata": {"name": "a", "resourceVersion": "7"}}]}
     save(path, 7, objects)
     assert load(path) == (7, objects)
     assert not list(tmp_path.glob(".*.tmp"))
@@ -39,10 +39,8 @@ def test_corrupt_files_name_the_file(tmp_path: Path, content: str) -> None:
 
 def test_checksum_mismatch(tmp_path: Path) -> None:
     path = tmp_path / "store.json"
-    save(path, 1, {"/pods": []})
-    doc = json.loads(path.read_text())
-    doc["resourceVersion"] = 2
-    path.write_text(json.dumps(doc))
+    save(path, 1, {"/pods": [{"metadata": {"name": "a", "resourceVersion": "1"}}]})
+    path.write_bytes(path.read_bytes().replace(b'"name":"a"', b'"name":"b"'))
     with pytest.raises(DataFileError, match="checksum"):
         load(path)
 
