@@ -3,7 +3,9 @@
 Owns: the LIST → WATCH loop over one lightkube resource type (optionally one
 namespace, label and field selector), the typed object cache keyed by
 ``(namespace, name)``, resourceVersion bookkeeping (bookmarks included), recovery
-from ``410 Gone`` (fresh LIST, differences emitted as synthetic events), reconnects
+from ``410 Gone`` (fresh LIST, differences emitted as synthetic events) and from a
+504 "Too large resource version" (the server went back in time, e.g. restarted from
+older data: a fresh LIST taken as the whole truth, like client-go), reconnects
 with capped, jittered exponential backoff, and delivery of ordered, de-duplicated
 events to handlers and async iterators.
 
@@ -239,17 +241,32 @@ class ObjectCache(Generic[T]):
         self.objects[key] = obj
         return ReflectorEvent(ADDED if old is None else MODIFIED, obj, old)
 
-    def replace(self, items: Iterable[T], list_rv: str | None = None) -> list[ReflectorEvent[T]]:
+    def replace(
+        self, items: Iterable[T], list_rv: str | None = None, *, reset: bool = False
+    ) -> list[ReflectorEvent[T]]:
         """Replace the contents with a LIST result (taken at ``list_rv``); return the
-        difference as events."""
+        difference as events.
+
+        ``reset=True`` (the server's resourceVersions went back in time): the list is
+        the whole truth. Tombstones are forgotten and every listed object whose
+        resourceVersion differs from the cached one replaces it, older or not.
+        """
         fresh: dict[Key, T] = {object_key(o): o for o in items}
         events: list[ReflectorEvent[T]] = []
+        if reset:
+            self._tombstones.clear()
         for key in sorted(self.objects.keys() - fresh.keys()):
             old = self.objects.pop(key)
-            self._bury(key, _max_rv(resource_version(old), list_rv))
+            self._bury(key, list_rv if reset else _max_rv(resource_version(old), list_rv))
             events.append(ReflectorEvent(DELETED, old, old))
         for key in sorted(fresh):
-            ev = self.apply(ADDED, fresh[key])
+            obj, old_obj = fresh[key], self.objects.get(key)
+            if reset and old_obj is not None:
+                if resource_version(obj) != resource_version(old_obj):
+                    self.objects[key] = obj
+                    events.append(ReflectorEvent(MODIFIED, obj, old_obj))
+                continue
+            ev = self.apply(ADDED, obj)
             if ev is not None:
                 events.append(ev)
         return events
@@ -313,6 +330,45 @@ def as_dict(obj: Any) -> dict[str, Any]:
 
 class _Gone(Exception):
     """The watch's resourceVersion is too old (410): a fresh LIST is needed."""
+
+
+class _TooLarge(_Gone):
+    """The server is behind our resourceVersion (504 ResourceVersionTooLarge): relist
+    and take the list as the whole truth."""
+
+
+def _too_large(code: Any, reason: Any, message: Any, details: Any) -> bool:
+    """Is this Status kube's "Too large resource version" (client-go's
+    ``IsTooLargeResourceVersion``: reason Timeout with a ResourceVersionTooLarge cause,
+    or that message)?"""
+    if isinstance(message, str) and message.startswith("Too large resource version"):
+        return True
+    if reason != "Timeout" or code not in (None, 504):
+        return False
+    causes = details.get("causes") if isinstance(details, dict) else None
+    return any(
+        isinstance(c, dict) and c.get("reason") == "ResourceVersionTooLarge" for c in causes or []
+    )
+
+
+def _status_too_large(body: Any) -> bool:
+    if not isinstance(body, dict):
+        return False
+    return _too_large(
+        body.get("code"), body.get("reason"), body.get("message"), body.get("details")
+    )
+
+
+def _exc_too_large(exc: BaseException) -> bool:
+    status = getattr(exc, "status", None)
+    if status is not None and hasattr(status, "to_dict"):
+        return _status_too_large(status.to_dict())
+    if isinstance(exc, httpx2.HTTPStatusError):
+        try:
+            return _status_too_large(exc.response.json())
+        except ValueError:
+            return False
+    return False
 
 
 class _Dropped(Exception):
@@ -405,9 +461,10 @@ class Reflector(Generic[T]):
     handlers are logged and swallowed. A slow async handler delays later events.
 
     Counters for tests and metrics: ``lists`` (LIST calls that succeeded),
-    ``relists`` (LISTs forced by 410 Gone), ``watches`` (watch requests sent),
-    ``reconnects`` (watch re-establishments after an error or disconnect; a server
-    closing a watch at its timeout is not one), ``last_error``.
+    ``relists`` (LISTs forced by 410 Gone or a too large resourceVersion),
+    ``watches`` (watch requests sent), ``reconnects`` (watch re-establishments after
+    an error or disconnect; a server closing a watch at its timeout is not one),
+    ``last_error``.
     """
 
     def __init__(
@@ -542,13 +599,14 @@ class Reflector(Generic[T]):
 
     async def _run(self) -> None:
         need_list = True
+        reset = False
         gone_streak = 0
         while True:
             delay = 0.0
             try:
                 if need_list:
-                    await self._list()
-                    need_list = False
+                    await self._list(reset=reset)
+                    need_list = reset = False
                 await self._online.wait()
                 self._drop_requested = False
                 self._watch_task = asyncio.create_task(
@@ -560,14 +618,16 @@ class Reflector(Generic[T]):
                     gone_streak = 0
                 else:
                     delay = self._backoff.next()
-            except _Gone:
+            except _Gone as exc:
                 self.relists += 1
                 need_list = True
+                reset = reset or isinstance(exc, _TooLarge)
                 gone_streak += 1
                 log.info(
-                    "%s: resourceVersion %s expired, relisting",
+                    "%s: resourceVersion %s %s, relisting",
                     self.name,
                     self.last_resource_version,
+                    "is newer than the server's" if reset else "expired",
                 )
                 # relist at once the first time; back off if 410s keep coming
                 delay = 0.0 if gone_streak == 1 else self._backoff.next()
@@ -598,7 +658,7 @@ class Reflector(Generic[T]):
             if delay > 0:
                 await asyncio.sleep(delay)
 
-    async def _list(self) -> None:
+    async def _list(self, *, reset: bool = False) -> None:
         gc = self._gc
         params: dict[str, Any] = {
             "labelSelector": self._labels,
@@ -622,12 +682,18 @@ class Reflector(Generic[T]):
                     items.clear()
                     more = True
                     continue
+                if _exc_too_large(exc):
+                    raise _TooLarge() from exc
+                raise
+            except Exception as exc:
+                if _exc_too_large(exc):
+                    raise _TooLarge() from exc
                 raise
             items.extend(chunk)
         if not list_rv:
             for o in items:
                 list_rv = _max_rv(list_rv, resource_version(o))
-        events = self._cache.replace(items, list_rv)
+        events = self._cache.replace(items, list_rv, reset=reset)
         self.last_resource_version = list_rv
         self.lists += 1
         self._synced.set()
@@ -667,6 +733,10 @@ class Reflector(Generic[T]):
                 await resp.aread()
                 if resp.status_code == 410:
                     raise _Gone()
+                if resp.status_code == 504:
+                    with contextlib.suppress(ValueError):
+                        if _status_too_large(resp.json()):
+                            raise _TooLarge()
                 gc.raise_for_status(resp)
             async with contextlib.aclosing(resp.aiter_lines()) as lines:
                 while True:
@@ -694,6 +764,8 @@ class Reflector(Generic[T]):
             status = decoders.decode_status(ev.object)
             if status.code == 410 or status.reason in ("Expired", "Gone"):
                 raise _Gone()
+            if _status_too_large(status.to_dict()):
+                raise _TooLarge()
             raise WatchErrorEvent(status.code, status.reason, status.message)
         if etype == "BOOKMARK":
             bm = msgspec.json.decode(ev.object, type=_Bookmark)

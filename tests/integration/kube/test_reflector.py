@@ -227,3 +227,48 @@ async def test_reconnect_after_server_restart(server: APIServer) -> None:
             assert r.reconnects >= 1
     finally:
         await client.close()
+
+
+async def test_server_restarted_with_lower_resource_version_is_relisted(
+    server: APIServer,
+) -> None:
+    """A server that comes back behind the reflector (older data, or none) answers its
+    resumed watch "Too large resource version"; the reflector relists and ends up with the
+    server's real state, even where the new objects carry reused, lower resourceVersions."""
+    port = int(server.url.rsplit(":", 1)[1])
+    client = make_client(server_url=server.url, timeout=2.0)
+    r = Reflector(client, ConfigMap, namespace="default", backoff_initial=0.05, backoff_max=0.2)
+    try:
+        async with r:
+            await r.wait_synced(5)
+            await client.create(cm("shared", v="old"))
+            await client.create(cm("stale"))
+            for i in range(20):  # push the resourceVersion well past the new server's
+                await client.patch(
+                    ConfigMap, "shared", {"data": {"v": f"old-{i}"}}, namespace="default",
+                    patch_type=PatchType.MERGE,
+                )  # fmt: skip
+            await eventually(lambda: names(r) == ["shared", "stale"])
+            await server.stop()
+            again = APIServer(data_file=None)  # the same address, none of the old data
+            await again.start(host="127.0.0.1", port=port)
+            try:
+                await client.create(cm("shared", v="new"))
+                await client.create(cm("fresh"))
+
+                def real_state() -> bool:
+                    shared = r.store.get("default", "shared")
+                    return (
+                        names(r) == ["fresh", "shared"]
+                        and shared is not None
+                        and shared.data == {"v": "new"}
+                    )
+
+                await eventually(real_state, within=10)
+                assert r.relists >= 1
+                await client.create(cm("later"))  # and the new watch delivers
+                await eventually(lambda: names(r) == ["fresh", "later", "shared"], within=5)
+            finally:
+                await again.stop()
+    finally:
+        await client.close()

@@ -246,3 +246,93 @@ async def test_server_watch_timeout_is_not_an_error() -> None:
     finally:
         await client.close()
         await server.stop()
+
+
+def too_large(requested: int, current: int) -> web.Response:
+    """kube-apiserver's answer to a resourceVersion newer than its own."""
+    return web.json_response(
+        {
+            "apiVersion": "v1",
+            "kind": "Status",
+            "status": "Failure",
+            "code": 504,
+            "reason": "Timeout",
+            "message": f"Too large resource version: {requested}, current: {current}",
+            "details": {
+                "causes": [
+                    {"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}
+                ],
+                "retryAfterSeconds": 1,
+            },
+        },
+        status=504,
+    )
+
+
+async def test_too_large_on_list_and_watch_relists_as_the_whole_truth(
+    serve: Callable[[Peer], Any],
+) -> None:
+    async def list1(r: web.Request) -> web.Response:
+        return listing(50, cm("a", 40), cm("b", 50))
+
+    async def list_too_large(r: web.Request) -> web.Response:
+        return too_large(50, 3)
+
+    async def list2(r: web.Request) -> web.Response:  # the server went back in time
+        return listing(3, cm("a", 2, v="new"), cm("c", 3))
+
+    async def watch_too_large(r: web.Request) -> web.Response:
+        return too_large(50, 3)
+
+    async def quiet(r: web.Request) -> web.StreamResponse:
+        return await stream(r)
+
+    peer = Peer([list1, list_too_large, list2], [watch_too_large, quiet])
+    url = await serve(peer)
+    client = make_client(server_url=url)
+    seen: list[tuple[str, str]] = []
+    r = Reflector(client, ConfigMap, namespace="default", backoff_initial=0.01, backoff_max=0.02)
+    r.add_handler(summary(seen))
+    try:
+        async with r:
+            await eventually(lambda: len(peer.watch_queries) >= 2, within=5)
+            assert peer.watch_queries[0]["resourceVersion"] == "50"
+            assert "resourceVersion" not in peer.list_queries[-1]  # a consistent read
+            assert r.relists >= 2  # once for the watch, once for the list
+            assert sorted(seen) == [
+                ("ADDED", "a@40"),
+                ("ADDED", "b@50"),
+                ("ADDED", "c@3"),
+                ("DELETED", "b@50"),
+                ("MODIFIED", "a@2"),
+            ]
+            assert peer.watch_queries[1]["resourceVersion"] == "3"
+    finally:
+        await client.close()
+
+
+async def test_too_large_as_a_watch_error_event_relists(serve: Callable[[Peer], Any]) -> None:
+    async def list1(r: web.Request) -> web.Response:
+        return listing(50, cm("a", 50))
+
+    async def list2(r: web.Request) -> web.Response:
+        return listing(2, cm("a", 2, v="new"))
+
+    body = json.loads(too_large(50, 2).body)  # type: ignore[arg-type]
+
+    async def error_event(r: web.Request) -> web.StreamResponse:
+        return await stream(r, ("ERROR", body), hold=False)
+
+    async def quiet(r: web.Request) -> web.StreamResponse:
+        return await stream(r)
+
+    peer = Peer([list1, list2], [error_event, quiet])
+    client = make_client(server_url=await serve(peer))
+    r = Reflector(client, ConfigMap, namespace="default", backoff_initial=0.01, backoff_max=0.02)
+    try:
+        async with r:
+            await eventually(lambda: len(peer.watch_queries) >= 2, within=5)
+            a = r.store.get("default", "a")
+            assert a is not None and a.data == {"v": "new"} and r.relists == 1
+    finally:
+        await client.close()
