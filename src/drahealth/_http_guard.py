@@ -41,6 +41,7 @@ __all__ = [
     "HTTPGuard",
     "HTTPLimits",
     "RateLimitFilter",
+    "check_allowed_hosts",
     "install_log_rate_limit",
 ]
 
@@ -72,6 +73,26 @@ class HTTPLimits:
             raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
         if not self.keepalive_timeout > 0:
             raise ValueError(f"keepalive_timeout must be > 0, got {self.keepalive_timeout}")
+
+
+def check_allowed_hosts(names: Iterable[str]) -> tuple[str, ...]:
+    """Normalise allowed Host names (lower case, no brackets); ValueError names a bad one."""
+    out = []
+    for name in names:
+        host = name.strip().lower()
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        if not host or any(c in host for c in "/@?#[] \t") or ("%" in host):
+            raise ValueError(f"{name!r} is not a host name or address (no scheme, port or path)")
+        if ":" in host:
+            try:
+                ipaddress.IPv6Address(host)
+            except ValueError:
+                raise ValueError(
+                    f"{name!r} is not a host name or address (no scheme, port or path)"
+                ) from None
+        out.append(host)
+    return tuple(out)
 
 
 def _is_loopback(host: str) -> bool:
@@ -192,10 +213,7 @@ class HTTPGuard:
         allowed_hosts: Iterable[str] = (),
     ) -> None:
         self.limits = limits or HTTPLimits()
-        allowed = {h.strip().lower().strip("[]") for h in allowed_hosts}
-        if "" in allowed or any(("/" in h or " " in h) for h in allowed):
-            raise ValueError(f"allowed hosts must be host names or addresses: {allowed_hosts}")
-        self.allowed_hosts = frozenset(allowed)
+        self.allowed_hosts = frozenset(check_allowed_hosts(allowed_hosts))
         self._names = LOOPBACK_HOSTS | self.allowed_hosts
         if _is_loopback(host):
             self._names |= {host.strip("[]").lower()}
@@ -361,7 +379,7 @@ class RateLimitFilter(logging.Filter):
         self.burst = burst
         self.rate = burst / per_seconds
         self.max_keys = max_keys
-        # key -> [tokens, last refill time, suppressed count]
+        # key -> [tokens, last refill time, records dropped, 1.0 once the note went out]
         self._buckets: collections.OrderedDict[tuple[str, str], list[float]] = (
             collections.OrderedDict()
         )
@@ -375,7 +393,7 @@ class RateLimitFilter(logging.Filter):
         with self._lock:
             bucket = self._buckets.get(key)
             if bucket is None:
-                bucket = [float(self.burst), now, 0.0]
+                bucket = [float(self.burst), now, 0.0, 0.0]
                 self._buckets[key] = bucket
                 while len(self._buckets) > self.max_keys:
                     self._buckets.popitem(last=False)
@@ -385,17 +403,16 @@ class RateLimitFilter(logging.Filter):
                 bucket[1] = now
             if bucket[0] >= 1.0:
                 bucket[0] -= 1.0
-                suppressed = int(bucket[2])
-                bucket[2] = 0.0
-                if suppressed:
-                    _rewrite(record, f"[{suppressed} similar messages suppressed] ")
+                dropped, bucket[2], bucket[3] = int(bucket[2]), 0.0, 0.0
+                if dropped:
+                    _rewrite(record, f"[{dropped} similar messages suppressed] ")
                 return True
-            bucket[2] += 1.0
-            first = bucket[2] == 1.0
-        if first:
-            _rewrite(record, "", " [rate limit reached: similar messages suppressed for a while]")
-            return True
-        return False
+            if bucket[3]:
+                bucket[2] += 1.0
+                return False
+            bucket[3] = 1.0
+        _rewrite(record, "", " [rate limit reached: similar messages suppressed for a while]")
+        return True
 
 
 def _rewrite(record: logging.LogRecord, prefix: str, suffix: str = "") -> None:
