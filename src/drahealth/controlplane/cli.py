@@ -12,6 +12,8 @@ from pathlib import Path
 
 import click
 
+from drahealth._http_guard import check_allowed_hosts
+
 from ._persist import DataFileError
 from ._server import serve_forever
 
@@ -22,7 +24,21 @@ from ._server import serve_forever
     type=click.IntRange(0, 65535),
     default=0,
     show_default=True,
-    help="TCP port on 127.0.0.1 (0 picks a free one).",
+    help="TCP port (0 picks a free one).",
+)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on (0.0.0.0 for in-cluster use).",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Host name clients may use besides localhost/127.0.0.1/[::1] (repeatable). "
+    "On a non-loopback --host, any Host is accepted unless this is given.",
 )
 @click.option(
     "--kubeconfig-out",
@@ -36,11 +52,29 @@ from ._server import serve_forever
     default=None,
     help="Persist all objects to FILE (loaded at start, saved after writes).",
 )
-def apiserver_command(port: int, kubeconfig_out: Path | None, data: Path | None) -> None:
+def apiserver_command(
+    port: int,
+    host: str,
+    allowed_hosts: tuple[str, ...],
+    kubeconfig_out: Path | None,
+    data: Path | None,
+) -> None:
     """Run the embedded Kubernetes API server."""
     try:
-        asyncio.run(serve_forever(port=port, kubeconfig_out=kubeconfig_out, data=data))
+        allowed_hosts = check_allowed_hosts(allowed_hosts)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--allowed-host") from e
+    try:
+        asyncio.run(
+            serve_forever(
+                port=port,
+                kubeconfig_out=kubeconfig_out,
+                data=data,
+                host=host,
+                allowed_hosts=allowed_hosts,
+            )
+        )
     except DataFileError as e:
         raise click.ClickException(str(e)) from e
     except OSError as e:
-        raise click.ClickException(f"cannot serve on port {port}: {e}") from e
+        raise click.ClickException(f"cannot serve on {host}:{port}: {e}") from e

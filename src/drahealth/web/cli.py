@@ -16,6 +16,7 @@ import click
 
 from drahealth._agent_records import DEFAULT_NAMESPACE
 from drahealth._api_failures import CommandError, api_failures, load_checked
+from drahealth._http_guard import check_allowed_hosts
 
 __all__ = ["dashboard_command"]
 
@@ -31,15 +32,32 @@ __all__ = ["dashboard_command"]
     help="File holding a token (>= 16 characters): required to view, and allows taint/untaint.",
 )
 @click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Host name browsers may use besides localhost/127.0.0.1/[::1] (repeatable). "
+    "On a non-loopback --host, any Host is accepted unless this is given.",
+)
+@click.option(
     "--agent-namespace",
     default=DEFAULT_NAMESPACE,
     show_default=True,
     help="Namespace of the node agents' device-health ConfigMaps (the agent's --namespace).",
 )
 def dashboard_command(
-    kubeconfig: str | None, host: str, port: int, token_file: str | None, agent_namespace: str
+    kubeconfig: str | None,
+    host: str,
+    port: int,
+    token_file: str | None,
+    agent_namespace: str,
+    allowed_hosts: tuple[str, ...],
 ) -> None:
     """Serve the node x device health grid, live, until SIGTERM/SIGINT."""
+    try:
+        allowed_hosts = check_allowed_hosts(allowed_hosts)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--allowed-host") from exc
     token = None
     if token_file is not None:
         try:
@@ -57,11 +75,16 @@ def dashboard_command(
         )
     with api_failures(kubeconfig):
         load_checked(kubeconfig)
-        asyncio.run(_run(kubeconfig, host, port, token, agent_namespace))
+        asyncio.run(_run(kubeconfig, host, port, token, agent_namespace, allowed_hosts))
 
 
 async def _run(
-    kubeconfig: str | None, host: str, port: int, token: str | None, agent_namespace: str
+    kubeconfig: str | None,
+    host: str,
+    port: int,
+    token: str | None,
+    agent_namespace: str,
+    allowed_hosts: tuple[str, ...] = (),
 ) -> None:
     from lightkube.resources.resource_v1 import ResourceSlice
 
@@ -72,7 +95,9 @@ async def _run(
     try:
         async for _ in client.list(ResourceSlice, chunk_size=1):  # is the API server there?
             break
-        dashboard = Dashboard(client, token=token, agent_namespace=agent_namespace)
+        dashboard = Dashboard(
+            client, token=token, agent_namespace=agent_namespace, allowed_hosts=allowed_hosts
+        )
         try:
             try:
                 url = await dashboard.start(host, port)
