@@ -143,8 +143,43 @@ def from_fields_v1(fields: Any, prefix: FieldPath = ()) -> set[FieldPath]:
     return out
 
 
-def get_at(obj: Any, fp: FieldPath) -> tuple[bool, Any]:
-    """The value at a field path, as ``(found, value)``."""
+#: Per-call lookup indexes for ``get_at``: (id of a list, key names) -> {key values: item}.
+Index = dict[tuple[int, str], Any]
+
+
+def _find_in_list(cur: list[Any], kind: str, want: Any, index: Index | None) -> tuple[bool, Any]:
+    if index is None:
+        if kind == "v":
+            return want in cur, want
+        for i in cur:
+            if isinstance(i, dict) and all(i.get(a) == b for a, b in want.items()):
+                return True, i
+        return False, None
+    if kind == "v":
+        values = index.get((id(cur), "v"))
+        if values is None:
+            values = index[(id(cur), "v")] = {canonical(v) for v in cur}
+        return canonical(want) in values, want
+    names = sorted(want)
+    slot = (id(cur), "k:" + json.dumps(names))
+    items = index.get(slot)
+    if items is None:
+        items = {}
+        for i in cur:
+            if isinstance(i, dict):
+                items.setdefault(canonical([i.get(a) for a in names]), i)
+        index[slot] = items
+    item = items.get(canonical([want[a] for a in names]))
+    return item is not None, item
+
+
+def get_at(obj: Any, fp: FieldPath, index: Index | None = None) -> tuple[bool, Any]:
+    """The value at a field path, as ``(found, value)``.
+
+    Pass the same ``index`` dict to many lookups on objects that do not change in
+    between: keyed list items are then found through a hash index instead of a scan,
+    which keeps field-ownership tracking of long lists linear.
+    """
     cur = obj
     for pe in fp:
         kind, _, rest = pe.partition(":")
@@ -156,20 +191,10 @@ def get_at(obj: Any, fp: FieldPath) -> tuple[bool, Any]:
             if not isinstance(cur, list):
                 return False, None
             want = json.loads(rest)
-            if kind == "v":
-                if want not in cur:
-                    return False, None
-                cur = want
-                continue
-            cur = next(
-                (
-                    i
-                    for i in cur
-                    if isinstance(i, dict) and all(i.get(a) == b for a, b in want.items())
-                ),
-                None,
-            )
-            if cur is None:
+            if kind == "k" and not isinstance(want, dict):
+                return False, None
+            found, cur = _find_in_list(cur, kind, want, index)
+            if not found:
                 return False, None
         else:
             return False, None
@@ -316,7 +341,8 @@ def track_update(
     fo = field_set(ownable(old, has_status, subresource), keys, sets) if old else set()
     fn = field_set(ownable(new, has_status, subresource), keys, sets)
     changed = {p for p in fn if p not in fo}
-    changed |= {p for p in leaves(fn) & fo if get_at(old, p) != get_at(new, p)}
+    index: Index = {}
+    changed |= {p for p in leaves(fn) & fo if get_at(old, p, index) != get_at(new, p, index)}
     gone = fo - fn
     for e in entries:
         e.fields -= changed | gone
@@ -352,12 +378,13 @@ def apply(
     mine_now = field_set(ownable(body, has_status, subresource), keys, sets)
     entries = parse_entries(live)
     conflicts: list[tuple[Entry, FieldPath]] = []
+    index: Index = {}
     for e in entries:
         if e.manager == manager:
             continue
         for p in sorted(leaves(mine_now) & e.fields):
-            found, have = get_at(live, p)
-            if found and get_at(body, p)[1] != have:
+            found, have = get_at(live, p, index)
+            if found and get_at(body, p, index)[1] != have:
                 conflicts.append((e, p))
     if conflicts and not force:
         raise ApplyConflict([Conflict(e.manager, e.api_version, p) for e, p in conflicts])

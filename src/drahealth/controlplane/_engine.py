@@ -22,14 +22,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _apply, _status
+from ._decode import DecodeError, TooLarge, check_object
 from ._eviction import check_eviction, pdb_status
-from ._patch import PatchError, json_patch, merge_patch, strategic_merge
+from ._patch import PatchError, PatchTooLarge, json_patch, merge_patch, strategic_merge
 from ._resources import PRIMITIVE_MERGE_LISTS, RESOURCES, ResourceType, lookup
 from ._selectors import FieldSelector, LabelSelector
 from ._status import APIError, cause
 from ._store import Store
 from ._strategy import now_rfc3339, prepare_create, prepare_update
-from ._validate import object_causes
+from ._validate import object_causes, prune_unknown
 
 JSON = dict[str, Any]
 
@@ -150,6 +151,25 @@ class Engine:
             )
         meta["namespace"] = ns
 
+    @staticmethod
+    def _prune(rt: ResourceType, obj: JSON, opts: WriteOptions) -> None:
+        """Under ``fieldValidation=Ignore``/``Warn`` drop unknown fields (Warn warns)."""
+        if opts.field_validation == "Strict":
+            return
+        dropped = prune_unknown(obj, rt.model)
+        if opts.field_validation == "Warn":
+            opts.warnings.extend(f'unknown field "{path}"' for path in dropped)
+
+    @staticmethod
+    def _storable(obj: JSON) -> None:
+        """Only objects the response encoder can encode, within the size limits, are stored."""
+        try:
+            check_object(obj)
+        except TooLarge as e:
+            raise APIError(_status.status(413, str(e), "RequestEntityTooLarge")) from e
+        except DecodeError as e:
+            raise _status.bad_request(str(e)) from e
+
     def _validate(self, rt: ResourceType, obj: JSON, opts: WriteOptions) -> None:
         causes = object_causes(rt, obj)
         if opts.field_validation in ("Ignore", "Warn"):
@@ -195,6 +215,8 @@ class Engine:
         body = copy.deepcopy(body)
         self._check_type(rt, body, str(_meta(body).get("name", "")))
         self._check_namespace(rt, body, ns, str(_meta(body).get("name", "")))
+        if not tracked:
+            self._prune(rt, body, opts)
         meta = body["metadata"]
         self._require_namespace(rt, ns)
         if not meta.get("name"):
@@ -231,6 +253,7 @@ class Engine:
         if not tracked:
             obj = self._track(rt, None, obj, None, opts, now)
         self._validate(rt, obj, opts)
+        self._storable(obj)
         if opts.dry_run:
             return obj
         obj = self.store.create(rt.key, obj)
@@ -284,6 +307,8 @@ class Engine:
                 if not isinstance(body, dict):
                     raise PatchError("a strategic merge patch must be a JSON object")
                 candidate = strategic_merge(old, body, rt.merge_key, _sets)
+        except PatchTooLarge as e:
+            raise APIError(_status.status(413, str(e), "RequestEntityTooLarge")) from e
         except PatchError as e:
             raise APIError(_status.status(422, str(e))) from e
         if not isinstance(candidate, dict):
@@ -318,6 +343,7 @@ class Engine:
         body = copy.deepcopy(body)
         self._check_type(rt, body, name)
         self._check_namespace(rt, body, ns, name)
+        self._prune(rt, body, opts)
         meta = body["metadata"]
         if meta.get("name") not in (None, name):
             raise _status.bad_request(
@@ -379,6 +405,9 @@ class Engine:
         tracked: bool = False,
     ) -> JSON:
         name = str(_meta(old).get("name"))
+        self._storable(candidate)  # bounds the work below before it starts
+        if not tracked:
+            self._prune(rt, candidate, opts)
         want_rv = _meta(candidate).get("resourceVersion")
         have_rv = _meta(old).get("resourceVersion")
         if want_rv not in (None, "") and str(want_rv) != have_rv:
@@ -395,6 +424,7 @@ class Engine:
             new = self._track(rt, old, new, sub, opts, now)
         new["metadata"]["resourceVersion"] = have_rv
         self._validate(rt, new, opts)
+        self._storable(new)
         meta = new["metadata"]
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
             if opts.dry_run:

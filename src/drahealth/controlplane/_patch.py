@@ -17,13 +17,31 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 Path = tuple[str, ...]
 KeyFn = Callable[[Path], "str | None"]
 SetFn = Callable[[Path], bool]
 
 
+MAX_JSON_PATCH_OPERATIONS = 10_000
+#: Most bytes a patched document may reach while a patch is applied (the request limit).
+MAX_PATCH_BYTES = 3 * 1024 * 1024
+
+
 class PatchError(ValueError):
     """A patch could not be applied (the server answers 422)."""
+
+
+class PatchTooLarge(PatchError):
+    """A patch has too many operations or would grow the object too far (413)."""
+
+
+def _size(value: Any) -> int:
+    try:
+        return len(msgspec.json.encode(value))
+    except (msgspec.EncodeError, TypeError, ValueError, OverflowError, RecursionError) as e:
+        raise PatchError(f"the patched value cannot be encoded: {e}") from e
 
 
 def _no_keys(_: Path) -> str | None:
@@ -134,40 +152,66 @@ def _add(doc: Any, tokens: list[str], value: Any, *, replace: bool = False) -> A
     return doc
 
 
-def json_patch(target: Any, ops: Any) -> Any:
-    """Apply an RFC 6902 JSON patch (add, remove, replace, move, copy, test)."""
+def json_patch(target: Any, ops: Any, max_bytes: int = MAX_PATCH_BYTES) -> Any:
+    """Apply an RFC 6902 JSON patch (add, remove, replace, move, copy, test).
+
+    At most ``MAX_JSON_PATCH_OPERATIONS`` operations. The document's size is tracked as
+    it grows (its size at the start plus every value added, replaced or copied, removals
+    not subtracted) and the patch fails with ``PatchTooLarge`` as soon as that passes
+    ``max_bytes``, so neither the result nor the work of building it can explode.
+    """
     if not isinstance(ops, list):
         raise PatchError("a JSON patch must be a list of operations")
+    if len(ops) > MAX_JSON_PATCH_OPERATIONS:
+        raise PatchTooLarge(
+            f"The allowed maximum operations in a JSON patch is {MAX_JSON_PATCH_OPERATIONS}, "
+            f"got {len(ops)}"
+        )
     doc = copy.deepcopy(target)
-    for op in ops:
-        if not isinstance(op, dict) or "op" not in op or "path" not in op:
-            raise PatchError(f"invalid JSON patch operation {op!r}")
-        kind, path = op["op"], _pointer(str(op["path"]))
-        if kind in ("add", "replace", "test") and "value" not in op:
-            raise PatchError(f"operation {kind!r} needs a value")
-        if kind == "add":
-            doc = _add(doc, path, copy.deepcopy(op["value"]))
-        elif kind == "remove":
-            _remove(doc, path)
-        elif kind == "replace":
-            doc = _add(doc, path, copy.deepcopy(op["value"]), replace=True)
-        elif kind in ("move", "copy"):
-            if "from" not in op:
-                raise PatchError(f"operation {kind!r} needs 'from'")
-            src = _pointer(str(op["from"]))
-            value = _remove(doc, src) if kind == "move" else copy.deepcopy(_get(doc, src))
-            doc = _add(doc, path, value)
-        elif kind == "test":
-            if _get(doc, path) != op["value"]:
-                raise PatchError(f"test operation failed at {op['path']!r}")
-        else:
-            raise PatchError(f"unknown JSON patch operation {kind!r}")
+    grown = _size(doc)
+
+    def grow(value: Any) -> Any:
+        nonlocal grown
+        grown += _size(value)
+        if grown > max_bytes:
+            raise PatchTooLarge(
+                f"Request entity too large: the patch grows the object past {max_bytes} bytes"
+            )
+        return copy.deepcopy(value)
+
+    try:
+        for op in ops:
+            if not isinstance(op, dict) or "op" not in op or "path" not in op:
+                raise PatchError(f"invalid JSON patch operation {op!r:.200}")
+            kind, path = op["op"], _pointer(str(op["path"]))
+            if kind in ("add", "replace", "test") and "value" not in op:
+                raise PatchError(f"operation {kind!r} needs a value")
+            if kind == "add":
+                doc = _add(doc, path, grow(op["value"]))
+            elif kind == "remove":
+                _remove(doc, path)
+            elif kind == "replace":
+                doc = _add(doc, path, grow(op["value"]), replace=True)
+            elif kind in ("move", "copy"):
+                if "from" not in op:
+                    raise PatchError(f"operation {kind!r} needs 'from'")
+                src = _pointer(str(op["from"]))
+                value = _remove(doc, src) if kind == "move" else grow(_get(doc, src))
+                doc = _add(doc, path, value)
+            elif kind == "test":
+                if _get(doc, path) != op["value"]:
+                    raise PatchError(f"test operation failed at {op['path']!r}")
+            else:
+                raise PatchError(f"unknown JSON patch operation {kind!r:.100}")
+    except RecursionError as e:
+        raise PatchError("the patched object is nested too deeply") from e
     return doc
 
 
 # --------------------------------------------------------------------------- strategic merge
 
 _DIRECTIVE = "$patch"
+_DELETED = object()
 _DELETE_PRIMITIVE = "$deleteFromPrimitiveList/"
 _IGNORED_PREFIXES = ("$setElementOrder/", "$retainKeys")
 
@@ -210,9 +254,9 @@ def strategic_merge(
             continue
         if key.startswith(_DELETE_PRIMITIVE):
             field = key[len(_DELETE_PRIMITIVE) :]
-            drop = value if isinstance(value, list) else [value]
+            drop = {canonical(v) for v in (value if isinstance(value, list) else [value])}
             if isinstance(out.get(field), list):
-                out[field] = [v for v in out[field] if v not in drop]
+                out[field] = [v for v in out[field] if canonical(v) not in drop]
             continue
         sub = (*path, key)
         if value is None:
@@ -235,33 +279,44 @@ def _merge_list(original: Any, patch: list[Any], keys: KeyFn, sets: SetFn, path:
         return [strip_directives(v) for v in patch if not _is_list_directive(v)]
     if sets(path):
         merged = copy.deepcopy(orig)
+        seen = {canonical(v) for v in merged}
         for v in patch:
-            if v not in merged:
+            c = canonical(v)
+            if c not in seen:
+                seen.add(c)
                 merged.append(copy.deepcopy(v))
         return merged
     key = keys(path)
     if key is None or not all(isinstance(v, dict) for v in patch):
         return strip_directives(patch)  # type: ignore[no-any-return]
-    out = copy.deepcopy(orig)
+    out: list[Any] = copy.deepcopy(orig)
+    # Index the items by merge key (in list order, so the first match wins as a linear
+    # scan would find it); a long patch against a long list stays linear.
+    where: dict[str, list[int]] = {}
+    for i, o in enumerate(out):
+        if isinstance(o, dict):
+            where.setdefault(canonical(o.get(key)), []).append(i)
+    deleted = False
     for item in patch:
         if key not in item:
             raise PatchError(f"map in list {'.'.join(path)} is missing the merge key {key!r}")
-        idx = next(
-            (i for i, o in enumerate(out) if isinstance(o, dict) and o.get(key) == item[key]),
-            None,
-        )
+        ident = canonical(item[key])
+        found = where.get(ident)
+        idx = found[0] if found else None
         if item.get(_DIRECTIVE) == "delete":
-            if idx is not None:
-                out.pop(idx)
+            if found:
+                out[found.pop(0)] = _DELETED
+                deleted = True
             continue
         body = {k: v for k, v in item.items() if k != _DIRECTIVE}
         if idx is None:
+            where.setdefault(ident, []).append(len(out))
             out.append(strip_directives(body))
         elif item.get(_DIRECTIVE) == "replace":
             out[idx] = strip_directives(body)
         else:
             out[idx] = strategic_merge(out[idx], body, keys, sets, path)
-    return out
+    return [o for o in out if o is not _DELETED] if deleted else out
 
 
 def canonical(value: Any) -> str:

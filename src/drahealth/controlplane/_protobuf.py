@@ -4,9 +4,11 @@ kubectl's typed clients (``kubectl create namespace``, ``create configmap``,
 ``drain``'s evictions) send ``application/vnd.kubernetes.protobuf`` bodies: the magic
 ``k8s\\x00`` followed by a ``runtime.Unknown`` envelope. This module turns those into
 the JSON dicts the rest of the server uses, for Namespace, ConfigMap and Eviction
-(with ObjectMeta and DeleteOptions). Other kinds raise ``ProtobufError`` (the server
-answers 415). Responses are always JSON: clients list ``application/json`` as an
-acceptable alternative. Field numbers follow k8s.io/api ``generated.proto``.
+(with ObjectMeta and DeleteOptions). Other kinds raise ``UnsupportedKind`` (the server
+answers 415); a malformed message (truncated, invalid UTF-8 in a string, a timestamp
+outside 0001-9999) raises ``ProtobufError`` naming the field (400). Responses are
+always JSON: clients list ``application/json`` as an acceptable alternative. Field
+numbers follow k8s.io/api ``generated.proto``.
 """
 
 from __future__ import annotations
@@ -91,7 +93,23 @@ _KINDS = {
 
 
 class ProtobufError(ValueError):
-    """The body is not a protobuf message this server can decode."""
+    """The body is not a well-formed protobuf message (the server answers 400)."""
+
+
+class UnsupportedKind(ProtobufError):
+    """A well-formed envelope for a kind this server cannot read as protobuf (415)."""
+
+
+# metav1.Time range, as protobuf's Timestamp: 0001-01-01T00:00:00Z .. 9999-12-31T23:59:59Z
+_MIN_SECONDS = -62135596800
+_MAX_SECONDS = 253402300799
+
+
+def _text(value: bytes, name: str) -> str:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ProtobufError(f"{name}: invalid UTF-8 in a string field (byte {e.start})") from e
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -137,9 +155,14 @@ def _signed(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _time(raw: bytes) -> str:
+def _time(raw: bytes, name: str) -> str:
     seconds = _signed(int(_message(raw, "Time").get("seconds", 0)))
-    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if not _MIN_SECONDS <= seconds <= _MAX_SECONDS:
+        raise ProtobufError(
+            f"{name}: timestamp {seconds} s is out of range (0001-01-01 to 9999-12-31)"
+        )
+    when = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=seconds)
+    return f"{when.year:04d}-{when:%m-%dT%H:%M:%S}Z"
 
 
 def _message(buf: bytes, schema_name: str) -> JSON:
@@ -155,7 +178,9 @@ def _message(buf: bytes, schema_name: str) -> JSON:
                 raise ProtobufError(f"{name}: expected a map entry")
             entry = _message(value, "MapEntry")
             raw = entry.get("value", b"")
-            text = base64.b64encode(raw).decode() if kind == "mapbytes" else raw.decode("utf-8")
+            if not isinstance(raw, bytes):
+                raise ProtobufError(f"{name}: expected length-delimited data")
+            text = base64.b64encode(raw).decode() if kind == "mapbytes" else _text(raw, name)
             out.setdefault(name, {})[entry.get("key", "")] = text
             continue
         if kind in ("int", "bool"):
@@ -166,11 +191,11 @@ def _message(buf: bytes, schema_name: str) -> JSON:
             if not isinstance(value, bytes):
                 raise ProtobufError(f"{name}: expected length-delimited data")
             if kind == "str":
-                decoded = value.decode("utf-8")
+                decoded = _text(value, name)
             elif kind == "bytes":
                 decoded = value
             elif kind == "time":
-                decoded = _time(value)
+                decoded = _time(value, name)
             else:
                 assert sub is not None
                 decoded = _message(value, sub)
@@ -189,7 +214,7 @@ def decode(body: bytes) -> JSON:
     meta = envelope.get("typeMeta") or {}
     api_version, kind = str(meta.get("apiVersion", "")), str(meta.get("kind", ""))
     if (api_version, kind) not in _KINDS:
-        raise ProtobufError(
+        raise UnsupportedKind(
             f"protobuf bodies are supported for ConfigMap, Namespace and Eviction only, "
             f"not {api_version} {kind}; send application/json"
         )

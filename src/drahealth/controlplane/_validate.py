@@ -174,6 +174,44 @@ def _accepts(value: Any, t: mi.Type, quantity: bool) -> bool:
     return True
 
 
+def _prune(value: Any, t: mi.Type, path: str, out: list[str]) -> None:
+    if isinstance(t, mi.UnionType):
+        for x in t.types:
+            if not isinstance(x, mi.NoneType) and _accepts(value, x, True):
+                _prune(value, x, path, out)
+                return
+        return
+    if isinstance(t, mi.StructType) and isinstance(value, dict):
+        fields = {f.encode_name: f for f in t.fields}
+        for key in list(value):
+            f = fields.get(key)
+            if f is None:
+                out.append(_join(path, key))
+                del value[key]
+            else:
+                _prune(value[key], f.type, _join(path, key), out)
+    elif isinstance(t, mi.ListType) and isinstance(value, list):
+        for i, item in enumerate(value):
+            _prune(item, t.item_type, f"{path}[{i}]", out)
+    elif isinstance(t, mi.DictType) and isinstance(value, dict):
+        for k, item in value.items():
+            _prune(item, t.value_type, f"{path}[{k}]", out)
+
+
+def prune_unknown(obj: JSON, model: type[msgspec.Struct]) -> list[str]:
+    """Remove fields the schema does not know from ``obj`` (in place); returns their paths.
+
+    What the real server does under ``fieldValidation=Ignore`` and ``Warn``: unknown
+    fields are dropped, never stored.
+    """
+    t = _type_cache.get(model)
+    if t is None:
+        t = _type_cache[model] = mi.type_info(model)
+    out: list[str] = []
+    _prune(obj, t, "", out)
+    return out
+
+
 def schema_causes(obj: JSON, model: type[msgspec.Struct]) -> list[JSON]:
     """Causes for unknown fields, wrong types and missing required fields."""
     t = _type_cache.get(model)
