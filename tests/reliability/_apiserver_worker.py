@@ -34,7 +34,7 @@ def main(data: str, compact_bytes: int) -> None:
             if pid == 0:
                 try:
                     asyncio.run(serve(data, compact_bytes))
-                except BaseException as e:  # noqa: BLE001 - report, then leave at once
+                except BaseException as e:  # report, then leave at once
                     print(f"failed {os.getpid()} {type(e).__name__}: {e}", flush=True)
                 finally:
                     os._exit(1)
