@@ -378,6 +378,8 @@ class HealthCache:
             heapq.heappop(self._heap)
             if top.driver in self._retired:
                 changes.append(self._drop(top))
+            elif top.health is Health.UNKNOWN:
+                top.queued = None  # queued while its driver was retired: nothing to do
             else:
                 changes.append(self._expire_slot(top, wall))
         return changes
@@ -435,8 +437,8 @@ class HealthCache:
 
         An entry's lease ends at ``last_seen_wall + timeout`` (unix seconds, the
         lease clamped to ``max_lease``): an entry whose lease ended while the agent
-        was down, or that is stored Unknown, is not restored (the device reads
-        Unknown at once); any other keeps its health and message until that moment
+        was down is not restored (the device reads Unknown at once); any other keeps
+        its health and message (an explicitly reported Unknown too) until that moment
         (mapped onto the monotonic clock; a last-seen time in the future counts as
         now). Restored drivers are retired (:meth:`retire_driver`) until they report:
         a device whose lease ends before its driver reports again is forgotten.
@@ -444,7 +446,8 @@ class HealthCache:
         Entries whose device is already in the cache (a live report beat the
         restore) are skipped, as are malformed entries and entries beyond the
         bounds (counted in :attr:`rejected_total`). Duplicates: last wins. Returns
-        one ``RESTORED`` change per restored entry, sorted by key.
+        one ``RESTORED`` change per restored entry whose health is not Unknown, sorted
+        by key.
         """
         now = self._clock()
         wall = self._wall()
@@ -461,7 +464,7 @@ class HealthCache:
             entry = final[key]
             timeout = min(float(entry.timeout), self.max_lease)
             remaining = min(entry.last_seen_wall + timeout - wall, timeout)
-            if entry.health is Health.UNKNOWN or remaining < 0:
+            if remaining < 0:
                 continue
             devices = self._drivers.get(key.driver)
             if devices is not None and (key.pool, key.device) in devices:
@@ -486,9 +489,12 @@ class HealthCache:
             self._drivers.setdefault(key.driver, {})[(key.pool, key.device)] = slot
             self._count += 1
             self._queue(slot)
-            changes.append(
-                HealthChange(key, Health.UNKNOWN, entry.health, slot.message, ChangeReason.RESTORED)
-            )
+            if entry.health is not Health.UNKNOWN:
+                changes.append(
+                    HealthChange(
+                        key, Health.UNKNOWN, entry.health, slot.message, ChangeReason.RESTORED
+                    )
+                )
         return changes
 
     # -- reads ---------------------------------------------------------------------
@@ -548,7 +554,8 @@ class HealthCache:
 
     def next_deadline(self) -> float | None:
         """Earliest ``last_seen + timeout`` of a device whose stored health is not
-        Unknown (cache clock), or None when no lease is running."""
+        Unknown or whose driver is retired (cache clock), or None when no lease is
+        running."""
         top = self._settle()
         return None if top is None else top.last_seen + top.timeout
 
@@ -676,9 +683,9 @@ class HealthCache:
         return HealthChange(slot.key, slot.health, Health.UNKNOWN, "", ChangeReason.DROPPED)
 
     def _queue(self, slot: _Slot) -> None:
-        """Keep the invariant: a live non-Unknown slot has a live heap item whose
-        deadline is <= its real deadline."""
-        if slot.health is Health.UNKNOWN:
+        """Keep the invariant: a live slot that is not Unknown, or whose driver is
+        retired, has a live heap item whose deadline is <= its real deadline."""
+        if slot.health is Health.UNKNOWN and slot.driver not in self._retired:
             slot.queued = None
             return
         deadline = slot.last_seen + slot.timeout

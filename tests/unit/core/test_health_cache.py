@@ -340,7 +340,7 @@ def test_restore_keeps_the_recorded_lease_end() -> None:
         [
             stored("b", U, "ecc", timeout=3600, seen=600),  # 3000 s of lease left
             stored("a", H, seen=5),  # 25 s left
-            stored("c", X, "booting", seen=1),  # stored Unknown: nothing to keep
+            stored("c", X, "booting", seen=1),  # reported Unknown: kept with its message
             stored("gone", H, seen=31),  # lease ended while the agent was down
             stored("s", H, "", 4, seen=1),  # 3 s left
         ]
@@ -351,7 +351,8 @@ def test_restore_keeps_the_recorded_lease_end() -> None:
         change("s", X, H, "", ChangeReason.RESTORED),
     ]
     assert cache.get(D, "pool", "gone") == (X, "")  # Unknown at once, not 5 s later
-    assert cache.entry(D, "pool", "gone") is None and cache.entry(D, "pool", "c") is None
+    assert cache.entry(D, "pool", "gone") is None
+    assert cache.get(D, "pool", "c") == (X, "booting")
     assert cache.get(D, "pool", "a") == (H, "")
     assert cache.next_deadline() == 103.0
     entry = cache.entry(D, "pool", "a")
@@ -367,7 +368,7 @@ def test_restore_keeps_the_recorded_lease_end() -> None:
     advance(clock, wall, 2900)
     assert cache.get(D, "pool", "b") == (U, "ecc")  # a long lease is not cut short
     advance(clock, wall, 101)
-    assert [c.key.device for c in cache.expire()] == ["b"]
+    assert [c.key.device for c in cache.expire()] == ["c", "b"]  # all forgotten
     assert len(cache) == 0 and cache.drivers() == []
 
 
