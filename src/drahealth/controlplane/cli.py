@@ -2,7 +2,9 @@
 
 Prints exactly ``listening on http://127.0.0.1:PORT`` once it accepts connections and
 stops cleanly on SIGINT/SIGTERM. The lead wires ``apiserver_command`` into the main
-CLI group; ``python -m drahealth.controlplane`` runs it standalone.
+CLI group; ``python -m drahealth.controlplane`` runs it standalone. With ``--data``
+every write is durable before it is answered; exits 1 with the reason when the data
+file cannot be loaded, or when persistence is failing at shutdown.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ from ._server import serve_forever
     "--data",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Persist all objects to FILE (loaded at start, saved after writes).",
+    help="Persist all objects to FILE and FILE.wal (loaded at start; every write is "
+    "durable before it is answered).",
 )
 def apiserver_command(
     port: int,
