@@ -133,7 +133,7 @@ def _forbidden(message: str) -> web.Response:
 class _Conn(asyncio.Protocol):
     """Wraps aiohttp's per-connection protocol: admission, header timer, bookkeeping."""
 
-    __slots__ = ("_busy", "_factory", "_guard", "_inner", "_refused", "_timer", "transport")
+    __slots__ = ("_busy", "_factory", "_guard", "_inner", "_timer", "transport")
 
     def __init__(self, guard: HTTPGuard, factory: Callable[[], asyncio.Protocol]) -> None:
         self._guard = guard
@@ -142,13 +142,11 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._busy = 0
-        self._refused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         if not self._guard._admit(self):
-            self._refused = True
             transport.write(_REFUSED)
             transport.close()
             return
