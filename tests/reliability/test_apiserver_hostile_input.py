@@ -27,7 +27,6 @@ from drahealth.controlplane._decode import (
     MAX_BODY_BYTES,
     MAX_DEPTH,
     MAX_OBJECT_BYTES,
-    MAX_YAML_ALIAS_NODES,
 )
 from drahealth.controlplane._engine import WriteOptions
 from drahealth.controlplane._protobuf import MAGIC
@@ -153,9 +152,7 @@ async def test_json_patch_copy_bomb_is_413_fast(
 ) -> None:
     code, _, _ = await call(http, "POST", CMS, cm("bomb", a="x" * 4096))
     assert code == 201
-    ops = [{"op": "copy", "from": "/data", "path": "/metadata/annotations"}]
-    ops = [{"op": "add", "path": "/metadata/annotations", "value": {}}]
-    ops += [{"op": "copy", "from": "/data", "path": f"/data/a{i}"} for i in range(16)]
+    ops = [{"op": "copy", "from": "/data", "path": f"/data/a{i}"} for i in range(16)]
     rss0 = rss_mib()
     t0 = time.monotonic()
     code, body, _ = await call(http, "PATCH", f"{CMS}/bomb", ops, PATCH_CT)
@@ -267,8 +264,7 @@ async def test_yaml_alias_bomb_is_refused_fast(http: aiohttp.ClientSession) -> N
     assert code == 201, body
     cyclic = b"apiVersion: v1\nkind: ConfigMap\nmetadata: &m {name: c, labels: *m}\n"
     code, body, _ = await call(http, "POST", CMS, cyclic, "application/yaml")
-    assert code == 400, body
-    assert MAX_YAML_ALIAS_NODES > 0
+    assert code == 400 and "cycle" in body["message"], body
     await healthy(http)
 
 
@@ -327,8 +323,6 @@ async def test_deep_nesting_is_400_not_500(http: aiohttp.ClientSession) -> None:
     deep: Any = "x"
     for _ in range(MAX_DEPTH - 5):
         deep = [deep]
-    ops = [{"op": "add", "path": "/metadata/annotations", "value": {}}]
-    path = "/data"
     ops = [{"op": "replace", "path": "/data", "value": {"k": deep}}]
     path = "/data/k" + "/0" * (MAX_DEPTH - 5)
     ops += [{"op": "replace", "path": path, "value": deep}]
@@ -512,3 +506,11 @@ async def test_eviction_needs_an_accepted_media_type(http: aiohttp.ClientSession
     )
     assert code == 415, body
     assert [o["metadata"]["name"] for o in await healthy(http, pods)] == ["victim"]
+
+
+async def test_overlong_field_manager_is_refused(http: aiohttp.ClientSession) -> None:
+    code, body, _ = await call(http, "POST", f"{CMS}?fieldManager={'m' * 129}", cm("fm"))
+    assert code == 422 and "128" in body["message"], body
+    code, body, _ = await call(http, "POST", f"{CMS}?fieldManager={'m' * 128}", cm("fm"))
+    assert code == 201, body
+    assert [o["metadata"]["name"] for o in await healthy(http)] == ["fm"]

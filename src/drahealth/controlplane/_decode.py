@@ -225,7 +225,21 @@ _FastLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class _Loader(_FastLoader):  # type: ignore[misc]
-    """Safe YAML (libyaml when present) with timestamps and binary kept as strings."""
+    """Safe YAML (libyaml when present) with timestamps and binary kept as strings.
+
+    Map keys become strings as they are built (``1`` and ``true`` stay distinct keys
+    ``"1"`` and ``"true"``, as in the real server's YAML-to-JSON conversion).
+    """
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> JSON:
+        if not isinstance(node, yaml.MappingNode):
+            raise DecodeError(f"yaml: expected a mapping node, got {node.id}")
+        self.flatten_mapping(node)
+        out: JSON = {}
+        for key_node, value_node in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            out[_key(key, "")] = self.construct_object(value_node, deep=deep)
+        return out
 
 
 def _scalar_string(loader: Any, node: yaml.Node) -> Any:

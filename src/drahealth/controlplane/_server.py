@@ -463,11 +463,23 @@ class APIServer:
         validation = q.get("fieldValidation", "Strict")
         if validation not in ("Ignore", "Warn", "Strict"):
             raise _status.bad_request(
-                f"fieldValidation must be one of Ignore, Warn or Strict, not {validation!r}"
+                f"fieldValidation must be one of Ignore, Warn or Strict, not {validation[:64]!r}"
+            )
+        manager = q.get("fieldManager")
+        if manager is not None and len(manager.encode()) > 128:
+            raise APIError(
+                _status.status(
+                    422,
+                    "fieldManager: Too long: may not be more than 128 bytes",
+                    causes=[
+                        _status.cause(
+                            "FieldValueTooLong", "may not be more than 128 bytes", "fieldManager"
+                        )
+                    ],
+                )
             )
         return WriteOptions(
-            manager=q.get("fieldManager")
-            or _manager_from_agent(request.headers.get("User-Agent", "")),
+            manager=manager or _manager_from_agent(request.headers.get("User-Agent", "")),
             dry_run="All" in q.getall("dryRun", []),
             field_validation=validation,
             force=_truthy(q.get("force")),
