@@ -221,6 +221,46 @@ def remove_at(obj: Any, fp: FieldPath) -> None:
         ]
 
 
+def _doomed(item: Any, values: set[str], keyed: dict[tuple[str, ...], set[str]]) -> bool:
+    if values and canonical(item) in values:
+        return True
+    return isinstance(item, dict) and any(
+        canonical([item.get(a) for a in names]) in idents for names, idents in keyed.items()
+    )
+
+
+def remove_all(obj: Any, paths: Iterable[FieldPath]) -> None:
+    """``remove_at`` for many paths, one pass per list (linear in the list's length)."""
+    by_parent: dict[FieldPath, list[str]] = {}
+    for fp in paths:
+        if fp:
+            by_parent.setdefault(fp[:-1], []).append(fp[-1])
+    for parent_path, lasts in by_parent.items():
+        found, parent = get_at(obj, parent_path)
+        if not found:
+            continue
+        if isinstance(parent, dict):
+            for pe in lasts:
+                kind, _, rest = pe.partition(":")
+                if kind == "f":
+                    parent.pop(rest, None)
+            continue
+        if not isinstance(parent, list):
+            continue
+        values: set[str] = set()
+        keyed: dict[tuple[str, ...], set[str]] = {}
+        for pe in lasts:
+            kind, _, rest = pe.partition(":")
+            want = json.loads(rest) if kind in ("k", "v") else None
+            if kind == "v":
+                values.add(canonical(want))
+            elif kind == "k" and isinstance(want, dict):
+                names = tuple(sorted(want))
+                keyed.setdefault(names, set()).add(canonical([want[a] for a in names]))
+
+        parent[:] = [i for i in parent if not _doomed(i, values, keyed)]
+
+
 def pretty(fp: FieldPath) -> str:
     """``.spec.containers[name="c"].image`` form of a field path."""
     out = []
@@ -399,9 +439,7 @@ def apply(
     keep = mine_now | {p[:i] for p in mine_now for i in range(1, len(p))}
     new = copy.deepcopy(live)
     dropped = {p for p in mine.fields - mine_now if p not in owned_by_others and p not in keep}
-    for p in dropped:
-        if not any(p[:i] in dropped for i in range(1, len(p))):
-            remove_at(new, p)
+    remove_all(new, [p for p in dropped if not any(p[:i] in dropped for i in range(1, len(p)))])
     new = strategic_merge(new, body, keys, sets)
     if mine.fields != mine_now:
         mine.fields = mine_now

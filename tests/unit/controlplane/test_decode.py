@@ -204,3 +204,32 @@ async def test_watcher_queue_is_bounded_and_slow_watchers_are_counted() -> None:
     store.close_watchers()
     assert fast.queue.qsize() == 2  # shutdown keeps what was queued, then ends
     assert store.slow_watchers_closed == 1
+
+
+def test_apply_dropping_a_long_keyed_list_is_linear() -> None:
+    from drahealth.controlplane._apply import apply
+
+    def keys(path: tuple[str, ...]) -> str | None:
+        return "name" if path == ("spec", "containers") else None
+
+    def no_sets(path: tuple[str, ...]) -> bool:
+        return False
+
+    n = 4000
+    common: dict[str, Any] = {
+        "api_version": "v1",
+        "subresource": None,
+        "has_status": True,
+        "keys": keys,
+        "sets": no_sets,
+        "now": "2026-01-01T00:00:00Z",
+        "force": False,
+    }
+    first = {"spec": {"containers": [{"name": f"c{i}", "image": "i"} for i in range(n)]}}
+    live = apply({}, first, "m", **common)
+    second = {"spec": {"containers": [{"name": f"d{i}", "image": "i"} for i in range(n)]}}
+    t0 = time.monotonic()
+    out = apply(live, second, "m", **common)
+    took = time.monotonic() - t0
+    assert [c["name"] for c in out["spec"]["containers"]] == [f"d{i}" for i in range(n)]
+    assert took < 2.0, f"re-applying {n} list items took {took:.2f} s"
