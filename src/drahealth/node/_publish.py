@@ -1,8 +1,8 @@
 """The node's device-health record in the API: one ConfigMap per node.
 
 Owns :class:`DeviceHealthPublisher`, a pipeline listener that keeps the ConfigMap
-``drahealth-devices-<node>`` (label ``app.kubernetes.io/component: device-health``)
-equal to the agent's health cache: data key ``devices`` is a JSON list of
+``drahealth-devices-<node>`` (names and labels as ``drahealth._agent_records`` defines
+them for the readers) equal to the agent's health cache: data key ``devices`` is a JSON list of
 ``{"driver", "pool", "device", "health", "message", "since"}`` sorted by device, with
 ``since`` the unix time of the last change. Bursts of changes are coalesced into one
 write. Pod status only shows devices that a pod uses; this record shows every device,
@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from lightkube import AsyncClient
 
+from drahealth._agent_records import LABELS, NAME_PREFIX, NODE_LABEL
 from drahealth.core import Health
 from drahealth.core._health_cache import HealthCache
 from drahealth.core._records import HealthChange
@@ -32,12 +33,12 @@ __all__ = ["COMPONENT_LABEL", "DeviceHealthPublisher", "devices_configmap_name"]
 
 log = logging.getLogger(__name__)
 
-COMPONENT_LABEL: Final = ("app.kubernetes.io/component", "device-health")
+COMPONENT_LABEL: Final = ("app.kubernetes.io/component", LABELS["app.kubernetes.io/component"])
 MAX_DEVICES: Final = 4000
 
 
 def devices_configmap_name(node: str) -> str:
-    return f"drahealth-devices-{node}"
+    return NAME_PREFIX + node
 
 
 class DeviceHealthPublisher:
@@ -120,12 +121,7 @@ class DeviceHealthPublisher:
                 await asyncio.sleep(1.0)
 
     async def _write(self, data: dict[str, str]) -> None:
-        key, value = COMPONENT_LABEL
-        labels = {
-            key: value,
-            "app.kubernetes.io/managed-by": "drahealth-agent",
-            "drahealth.io/node": self.node,
-        }
+        labels = {**LABELS, NODE_LABEL: self.node}
         await write_configmap_data(
             self.client, devices_configmap_name(self.node), self.namespace, data, labels
         )

@@ -43,6 +43,7 @@ from lightkube.resources.core_v1 import ConfigMap, Event, Pod
 from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
+from drahealth._agent_records import agent_records
 from drahealth._aio import cancel_and_wait
 from drahealth.core import DeviceKey, Health
 from drahealth.core._policy import DeviceFacts, Policy, Validate
@@ -213,7 +214,8 @@ class RemediationController:
         pods = await self._pod_dicts.get()
         claims = await self._claim_dicts.get()
         facts = device_facts(await self._slice_dicts.get())
-        seen = observations(self.health.store.dicts(), pods, claims)
+        records = agent_records(self.health.store.dicts(), self.namespace)
+        seen = observations(records, pods, claims)
         for i, (key, obs) in enumerate(seen.items()):
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # a long pass lets watches and timers run

@@ -53,7 +53,11 @@ async def set_health(client: AsyncClient, **devices: str | tuple[str, str]) -> N
         "metadata": {
             "name": f"drahealth-devices-{NODE}",
             "namespace": "default",
-            "labels": {"app.kubernetes.io/component": "device-health", "drahealth.io/node": NODE},
+            "labels": {
+                "app.kubernetes.io/component": "device-health",
+                "app.kubernetes.io/managed-by": "drahealth-agent",
+                "drahealth.io/node": NODE,
+            },
         },
         "data": {"devices": json.dumps(rows)},
     }
@@ -356,3 +360,30 @@ async def test_recovery_waits_for_the_validation_hook(client: AsyncClient, tmp_p
         )
         assert any("validation of gpu.example.com/node-1/gpu-7 passed" in m for m in messages)
         assert controller.engine.wants(time.monotonic()) == {}
+
+
+async def test_health_records_not_written_by_an_agent_are_not_acted_on(
+    client: AsyncClient,
+) -> None:
+    """A ConfigMap that looks like a device-health record but lacks the agent's labels or
+    name (anyone with ConfigMap access could write one) never leads to a taint."""
+    rows = [{"driver": DRIVER, "pool": NODE, "device": "gpu-5", "health": "Unhealthy",
+             "message": "XID 79 (forged)", "since": time.time()}]  # fmt: skip
+    forged = [
+        ("forged-name", {"app.kubernetes.io/component": "device-health",
+                         "app.kubernetes.io/managed-by": "drahealth-agent",
+                         "drahealth.io/node": NODE}),
+        (f"drahealth-devices-{NODE}", {"app.kubernetes.io/component": "device-health",
+                                       "drahealth.io/node": NODE}),
+    ]  # fmt: skip
+    async with running(client, policy(RULE)) as controller:
+        for name, labels in forged:
+            await client.create(
+                ConfigMap.from_dict(
+                    {"metadata": {"name": name, "namespace": "default", "labels": labels},
+                     "data": {"devices": json.dumps(rows)}}
+                )
+            )  # fmt: skip
+        passes = controller.passes
+        await eventually(lambda: _ge(controller.passes, passes + 2))
+        assert not [n for n in await rules(client) if n.startswith("dh-")]
