@@ -3,7 +3,7 @@
 Owns :class:`AgentConfig` (every knob with its default) and :class:`NodeAgent`,
 which starts the parts in dependency order and stops them in reverse:
 
-1. health pipeline (store replay with restart grace, expiry timer);
+1. health pipeline (store replay by recorded lease end, expiry timer);
 2. claim tracker (checkpoint load);
 3. plugin registry (streams, DRA clients) and plugin watcher (registration);
 4. the mode: ``kubelet`` (:class:`~drahealth.node._kubelet.KubeletMode`, writes pod

@@ -101,7 +101,8 @@ def _gates(ctx: click.Context, param: click.Parameter, value: str) -> dict[str, 
     type=click.FloatRange(min=0),
     default=10.0,
     show_default=True,
-    help="After a restart, restored devices keep their health this long (seconds).",
+    help="Deprecated, ignored: after a restart each restored device keeps the rest of its "
+    "recorded lease.",
 )
 @click.option(
     "--metrics-port", type=click.IntRange(0, 65535), default=None, help="Serve /metrics here."
