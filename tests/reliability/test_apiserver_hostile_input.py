@@ -514,3 +514,28 @@ async def test_overlong_field_manager_is_refused(http: aiohttp.ClientSession) ->
     code, body, _ = await call(http, "POST", f"{CMS}?fieldManager={'m' * 128}", cm("fm"))
     assert code == 201, body
     assert [o["metadata"]["name"] for o in await healthy(http)] == ["fm"]
+
+
+async def test_a_body_sent_too_slowly_is_answered_408_and_nothing_is_stored(
+    server: APIServer, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Complete headers, then a body that trickles: the connection is not held forever."""
+    monkeypatch.setattr(server_module, "BODY_READ_TIMEOUT_S", 0.5)
+    body = json.dumps({"metadata": {"name": "slow"}, "data": {"k": "v"}}).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    head = (
+        f"POST {CMS} HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    writer.write(head.encode() + body[:5])
+    await writer.drain()
+    t0 = time.monotonic()
+    status_line = await asyncio.wait_for(reader.readline(), 5.0)
+    took = time.monotonic() - t0
+    writer.close()
+    assert status_line.split()[1] == b"408", status_line
+    assert took < 3.0, f"answered after {took:.1f}s"
+    async with http.get(f"{CMS}/slow") as resp:
+        assert resp.status == 404
+    async with http.get(CMS) as resp:
+        assert resp.status == 200

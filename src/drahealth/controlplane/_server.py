@@ -78,6 +78,10 @@ class _SlowConsumer(Exception):
     """The watch client does not read: a write did not complete in time."""
 
 
+#: A request body must arrive within this many seconds (a slow sender holds a connection).
+BODY_READ_TIMEOUT_S = 60.0
+
+
 def _too_large(message: str) -> APIError:
     return APIError(_status.status(413, message, "RequestEntityTooLarge"))
 
@@ -429,11 +433,21 @@ class APIServer:
             raise _too_large(str(_decode.body_too_large()))
         chunks: list[bytes] = []
         size = 0
-        while chunk := await request.content.read(64 * 1024):
-            size += len(chunk)
-            if size > limit:
-                raise _too_large(str(_decode.body_too_large()))
-            chunks.append(chunk)
+        try:
+            async with asyncio.timeout(BODY_READ_TIMEOUT_S):
+                while chunk := await request.content.read(64 * 1024):
+                    size += len(chunk)
+                    if size > limit:
+                        raise _too_large(str(_decode.body_too_large()))
+                    chunks.append(chunk)
+        except TimeoutError as e:
+            raise APIError(
+                _status.status(
+                    408,
+                    f"the request body was not received within {BODY_READ_TIMEOUT_S:g}s",
+                    "Timeout",
+                )
+            ) from e
         raw = b"".join(chunks)
         if not raw.strip():
             if allow_empty:
