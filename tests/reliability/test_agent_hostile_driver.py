@@ -112,7 +112,8 @@ async def test_an_undecodable_message_is_a_stream_error_and_the_next_fault_is_se
         await plugin.stop()
     undecodable = [r for r in caplog.records if "undecodable message" in r.getMessage()]
     assert len(undecodable) == 1 and undecodable[0].levelno == logging.WARNING
-    assert not [r for r in caplog.records if r.exc_info]  # no traceback anywhere
+    # no traceback from the agent (grpc's poller may log one for an earlier test's closed loop)
+    assert not [r for r in caplog.records if r.exc_info and r.name.startswith("drahealth")]
 
 
 async def test_any_unexpected_exception_in_the_stream_task_reconnects(
