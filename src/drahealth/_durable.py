@@ -2,10 +2,12 @@
 
 Owns three things and nothing else: :func:`atomic_write` (temp file, fsync, rename,
 directory fsync: after a crash at any instant the file holds the old or the new
-content), :func:`quarantine` (move a corrupt file aside so nothing is lost and the
-next start begins clean), and a small versioned, checksummed JSON envelope
-(:func:`dump_envelope` / :func:`load_envelope`) for state files that are rewritten
-whole.
+content; short writes are continued and a write that makes no progress is an error,
+so a full disk never replaces a good file with a cut-off one) with its primitives
+:func:`write_all` and :func:`fsync_dir`, :func:`quarantine` (move a corrupt file
+aside so nothing is lost and the next start begins clean), and a small versioned,
+checksummed JSON envelope (:func:`dump_envelope` / :func:`load_envelope`) for state
+files that are rewritten whole.
 
 Envelope format::
 
@@ -19,30 +21,73 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["atomic_write", "checksum", "dump_envelope", "load_envelope", "quarantine"]
+__all__ = [
+    "atomic_write",
+    "checksum",
+    "dump_envelope",
+    "fsync_dir",
+    "load_envelope",
+    "quarantine",
+    "write_all",
+]
 
 
-def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
+# I/O primitives, looked up at call time so tests can inject ENOSPC, EIO or short writes.
+def _write(fd: int, data: bytes | memoryview) -> int:
+    return os.write(fd, data)
+
+
+def _fsync(fd: int) -> None:
+    os.fsync(fd)
+
+
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    """Write every byte (continuing after short writes); OSError when no progress."""
+    view = memoryview(data)
+    while view:
+        n = _write(fd, view)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, f"short write: {len(view)} bytes could not be written")
+        view = view[n:]
+
+
+def fsync_dir(directory: str) -> None:
+    """fsync a directory, so a rename or a new file in it survives a crash."""
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def atomic_write(path: str, data: bytes | Iterable[bytes], mode: int = 0o600) -> int:
     """Replace ``path`` with ``data`` so that a crash leaves the old or the new file.
 
+    ``data`` is the content or an iterable of chunks (streamed, for large files).
     Writes ``.<name>.tmp`` next to it, fsyncs, renames over ``path`` and fsyncs the
-    directory. Concurrent writers of the same path must be serialized by the caller.
+    directory; returns the byte count. On any error the temp file is removed and
+    ``path`` is untouched. Concurrent writers of the same path must be serialized by
+    the caller.
     """
     directory, name = os.path.split(os.path.abspath(path))
     tmp = os.path.join(directory, f".{name}.tmp")
+    chunks = [data] if isinstance(data, bytes | bytearray | memoryview) else data
+    size = 0
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            for chunk in chunks:
+                write_all(fd, chunk)
+                size += len(chunk)
             os.fchmod(fd, mode)
-            os.fsync(fd)
+            _fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -50,11 +95,8 @@ def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    fsync_dir(directory)
+    return size
 
 
 def quarantine(path: str) -> str | None:

@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from drahealth import _durable
 from drahealth.controlplane import APIServer, _persist
 from drahealth.controlplane._store import Store
 from drahealth.controlplane._wal import Journal
@@ -59,7 +60,7 @@ async def test_enospc_answers_500_rolls_back_reports_and_recovers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     data = tmp_path / "apiserver.json"
-    real = _persist._write
+    real = _durable._write
     full = threading.Event()
 
     def write(fd: int, buf: Any) -> int:
@@ -67,7 +68,7 @@ async def test_enospc_answers_500_rolls_back_reports_and_recovers(
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(fd, buf)
 
-    monkeypatch.setattr(_persist, "_write", write)
+    monkeypatch.setattr(_durable, "_write", write)
     srv = APIServer(data_file=data)
     srv.persist_retry_interval = 0.05
     await srv.start()
@@ -121,7 +122,7 @@ async def test_short_writes_are_continued_and_no_progress_is_an_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = tmp_path / "apiserver.json"
-    real = _persist._write
+    real = _durable._write
     mode = {"limit": 7}
 
     def write(fd: int, buf: Any) -> int:
@@ -129,7 +130,7 @@ async def test_short_writes_are_continued_and_no_progress_is_an_error(
             return 0
         return real(fd, bytes(buf[: mode["limit"]]))
 
-    monkeypatch.setattr(_persist, "_write", write)
+    monkeypatch.setattr(_durable, "_write", write)
     srv = APIServer(data_file=data)
     await srv.start()
     try:
@@ -152,7 +153,7 @@ async def test_a_failed_snapshot_never_replaces_the_data_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = tmp_path / "apiserver.json"
-    real = _persist._write
+    real = _durable._write
     snapshot_threads: list[str] = []
     fail_snapshots = threading.Event()
 
@@ -164,7 +165,7 @@ async def test_a_failed_snapshot_never_replaces_the_data_file(
                 raise OSError(errno.ENOSPC, "No space left on device")
         return real(fd, buf)
 
-    monkeypatch.setattr(_persist, "_write", write)
+    monkeypatch.setattr(_durable, "_write", write)
     srv = APIServer(data_file=data)
     srv.persist_compact_bytes = 1  # compact whenever the log outgrows the snapshot
     await srv.start()

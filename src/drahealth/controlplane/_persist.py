@@ -22,11 +22,8 @@ the file; nothing is dropped silently.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import hashlib
 import json
-import os
 import zlib
 from collections.abc import Collection, Mapping
 from pathlib import Path
@@ -34,15 +31,13 @@ from typing import Any
 
 import msgspec
 
+from drahealth._durable import atomic_write
+
 JSON = dict[str, Any]
 State = dict[str, dict[tuple[str, str], JSON]]
 FORMAT = "drahealth-apiserver-data"
 FORMAT_VERSION = 2
 _BUFFER = 1 << 20
-
-# I/O primitives, looked up at call time so tests can inject ENOSPC, EIO or short writes.
-_write = os.write
-_fsync = os.fsync
 
 
 class DataFileError(RuntimeError):
@@ -81,48 +76,6 @@ def decode_line(line: bytes) -> JSON:
 # --------------------------------------------------------------------------- writing
 
 
-def write_all(fd: int, data: bytes | memoryview) -> None:
-    """Write every byte (continuing after short writes); OSError when no progress."""
-    view = memoryview(data)
-    while view:
-        n = _write(fd, view)
-        if n <= 0:
-            raise OSError(errno.ENOSPC, f"short write: {len(view)} bytes could not be written")
-        view = view[n:]
-
-
-def fsync_dir(directory: Path) -> None:
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        _fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
-def replace_durably(path: Path, chunks: Any) -> int:
-    """Write the byte chunks to ``.<name>.tmp``, fsync, rename over ``path``, fsync the
-    directory; the byte count. On any error the temp file is removed and ``path`` is
-    untouched."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    size = 0
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        try:
-            for chunk in chunks:
-                write_all(fd, chunk)
-                size += len(chunk)
-            _fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
-    return size
-
-
 def _snapshot_chunks(rv: int, objects: Mapping[str, Collection[JSON]]) -> Any:
     count = sum(len(objs) for objs in objects.values())
     header = {"format": FORMAT, "version": FORMAT_VERSION, "resourceVersion": rv}
@@ -142,7 +95,7 @@ def save(path: Path, rv: int, objects: Mapping[str, Collection[JSON]]) -> int:
     ``objects`` maps storage keys to objects that must not change while this runs
     (stored objects never do), so it may run in a worker thread.
     """
-    return replace_durably(Path(path), _snapshot_chunks(rv, objects))
+    return atomic_write(str(path), _snapshot_chunks(rv, objects))
 
 
 # --------------------------------------------------------------------------- reading

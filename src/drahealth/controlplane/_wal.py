@@ -41,6 +41,8 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+from drahealth import _durable
+
 from . import _persist
 from ._persist import DataFileError, decode_line, encode_line
 from ._store import Change, Store
@@ -85,7 +87,7 @@ class Log:
     @classmethod
     def create(cls, path: Path, tail: bytes = b"") -> Log:
         """Atomically replace ``path`` with a header (plus ``tail``) and open it."""
-        size = _persist.replace_durably(path, [_HEADER + tail])
+        size = _durable.atomic_write(str(path), _HEADER + tail)
         return cls(path, os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC), size)
 
     @classmethod
@@ -95,7 +97,7 @@ class Log:
         try:
             if os.fstat(fd).st_size != size:
                 os.ftruncate(fd, size)
-                _persist._fsync(fd)
+                _durable._fsync(fd)
         except BaseException:
             os.close(fd)
             raise
@@ -103,8 +105,8 @@ class Log:
 
     def append(self, data: bytes) -> None:
         """Write ``data`` and fsync; on error the log must not be appended to again."""
-        _persist.write_all(self.fd, data)
-        _persist._fsync(self.fd)
+        _durable.write_all(self.fd, data)
+        _durable._fsync(self.fd)
         self.size += len(data)
 
     def rotate(self, offset: int) -> Log:
