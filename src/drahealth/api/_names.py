@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from drahealth.core import HEALTH_MESSAGE_MAX_BYTES as HEALTH_MESSAGE_MAX_BYTES
+
 #: ``PluginInfo.type`` of a DRA kubelet plugin.
 DRA_PLUGIN_TYPE: Final = "DRAPlugin"
 
@@ -53,9 +55,9 @@ SERIALIZE_LOCK_NAME: Final = "serialize.lock"
 #: Longest unix socket path the rolling-update naming accepts (sun_path size).
 UNIX_PATH_MAX: Final = 108
 
-#: Health defaults of the kubelet (seconds, bytes).
+#: Health defaults of the kubelet (seconds; the message cut in bytes,
+#: ``HEALTH_MESSAGE_MAX_BYTES``, is defined in core).
 DEFAULT_HEALTH_TIMEOUT_SECONDS: Final = 30
-HEALTH_MESSAGE_MAX_BYTES: Final = 1024
 
 # KEP-5322 design (never merged; not in the shipping dra/v1 proto):
 # ``NodePrepareResourceResponseErrorType error_type = 3`` in ``NodePrepareResourceResponse``,

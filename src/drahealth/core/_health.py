@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Final
 
-from drahealth.api import HEALTH_MESSAGE_MAX_BYTES
+#: The kubelet's cut of a device-health message (bytes of UTF-8). A wire fact kept here
+#: so that core needs no gRPC; ``drahealth.api`` re-exports it.
+HEALTH_MESSAGE_MAX_BYTES: Final = 1024
 
 
 class Health(enum.StrEnum):

@@ -22,8 +22,7 @@ from typing import Any, Final, Literal
 
 import re2  # type: ignore[import-untyped]  # google-re2 ships no type information
 
-from drahealth.api import HEALTH_MESSAGE_MAX_BYTES
-from drahealth.core._health import Health
+from drahealth.core._health import HEALTH_MESSAGE_MAX_BYTES, Health
 
 __all__ = [
     "DEFAULT_TAINT_KEY",
