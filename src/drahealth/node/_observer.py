@@ -43,7 +43,7 @@ from drahealth.node._events import (
 from drahealth.node._pipeline import HealthPipeline
 
 if TYPE_CHECKING:
-    from drahealth.node._agent import AgentConfig
+    from drahealth.node._config import AgentConfig
 
 __all__ = ["ObserverMode", "PodDeviceMap", "PodRef", "configmap_name"]
 
