@@ -43,11 +43,11 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 
 from drahealth.core._health import DeviceKey, Health, truncate_message
+from drahealth.core._names import matches_dns_label, matches_dns_subdomain
 from drahealth.core._records import ChangeReason, DeviceEntry, HealthChange, ReportedDevice
 
 __all__ = [
@@ -82,9 +82,6 @@ DEVICE_NAME_MAX = 63
 POOL_NAME_MAX = 253
 DRIVER_NAME_MAX = 63
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-
 #: Rejection reasons (the ``reason`` of :attr:`HealthCache.rejections`).
 INVALID, DRIVER_FULL, NODE_FULL = "invalid", "driver_full", "node_full"
 
@@ -102,7 +99,7 @@ def device_name_problem(name: object) -> str | None:
         return "device name is empty"
     if len(name) > DEVICE_NAME_MAX:
         return f"device name is {len(name)} characters long (limit {DEVICE_NAME_MAX})"
-    if not _DNS_LABEL.fullmatch(name):
+    if not matches_dns_label(name):
         return (
             f"device name {_shown(name)} is not a DNS label (lowercase letters, digits and "
             "'-', starting and ending with a letter or digit)"
@@ -118,7 +115,7 @@ def pool_name_problem(name: object) -> str | None:
         return "pool name is empty"
     if len(name) > POOL_NAME_MAX:
         return f"pool name is {len(name)} characters long (limit {POOL_NAME_MAX})"
-    if not all(_DNS_SUBDOMAIN.fullmatch(part) for part in name.split("/")):
+    if not all(matches_dns_subdomain(part) for part in name.split("/")):
         return (
             f"pool name {_shown(name)} is not DNS subdomains separated by '/' (lowercase "
             "letters, digits, '-' and '.')"
@@ -134,7 +131,7 @@ def driver_name_problem(name: object) -> str | None:
         return "driver name is empty"
     if len(name) > DRIVER_NAME_MAX:
         return f"driver name is {len(name)} characters long (limit {DRIVER_NAME_MAX})"
-    if not _DNS_SUBDOMAIN.fullmatch(name):
+    if not matches_dns_subdomain(name):
         return f"driver name {_shown(name)} is not a DNS subdomain"
     return None
 
