@@ -21,6 +21,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from drahealth._time import now_rfc3339
+
 from . import _apply, _status
 from ._decode import DecodeError, TooLarge, check_object
 from ._eviction import check_eviction, pdb_status
@@ -29,7 +31,7 @@ from ._resources import PRIMITIVE_MERGE_LISTS, RESOURCES, ResourceType, lookup
 from ._selectors import FieldSelector, LabelSelector
 from ._status import APIError, cause
 from ._store import Store
-from ._strategy import now_rfc3339, prepare_create, prepare_update
+from ._strategy import prepare_create, prepare_update
 from ._validate import object_causes, prune_unknown
 
 JSON = dict[str, Any]

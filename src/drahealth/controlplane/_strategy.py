@@ -11,7 +11,6 @@ Pure functions over JSON dicts; inputs are not mutated.
 from __future__ import annotations
 
 import copy
-import datetime as dt
 import uuid
 from typing import Any
 
@@ -28,10 +27,6 @@ _IMMUTABLE_META = (
     "name",
     "namespace",
 )
-
-
-def now_rfc3339() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def spec_part(obj: JSON) -> JSON:

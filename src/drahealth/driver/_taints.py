@@ -39,6 +39,7 @@ from typing import Any
 from lightkube.models.resource_v1 import DeviceTaint
 
 from drahealth._aio import cancel_and_wait
+from drahealth._time import rfc3339
 from drahealth.core import Health
 from drahealth.driver._hub import DeviceState, HealthHub
 from drahealth.driver._slices import (
@@ -226,10 +227,6 @@ def _canonical(payload: Any) -> bytes:
     return json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _format_time(value: dt.datetime) -> str:
-    return truncate_time(value).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 class TaintStore:
     """The published health taints on disk, so a restart neither loses nor clears them.
 
@@ -305,7 +302,7 @@ class TaintStore:
                         "key": t.key,
                         "value": t.value,
                         "effect": t.effect,
-                        "timeAdded": _format_time(t.timeAdded),
+                        "timeAdded": rfc3339(t.timeAdded),
                     }
                 )
         doc = {

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import logging
 import math
 import random
@@ -38,16 +37,12 @@ from lightkube import ApiError, AsyncClient
 from lightkube.resources.coordination_v1 import Lease
 
 from drahealth._aio import cancel_and_wait
+from drahealth._time import now_rfc3339_micro
 from drahealth.core._checks import positive_seconds
 
 __all__ = ["LeaderElector"]
 
 log = logging.getLogger(__name__)
-
-
-def _micro_time() -> str:
-    now = datetime.datetime.now(datetime.UTC)
-    return now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _lease(body: dict[str, Any]) -> Lease:
@@ -201,7 +196,7 @@ class LeaderElector:
 
     async def _try_acquire_or_renew(self, client: AsyncClient | None = None) -> bool:
         client = client or self.client
-        now = _micro_time()
+        now = now_rfc3339_micro()
         try:
             lease = await client.get(Lease, self.name, namespace=self.namespace)
         except ApiError as exc:
@@ -294,7 +289,7 @@ class LeaderElector:
                 **body["spec"],
                 "holderIdentity": "",
                 "leaseDurationSeconds": 1,
-                "renewTime": _micro_time(),
+                "renewTime": now_rfc3339_micro(),
             }
             await self.client.replace(_lease(body))
             self.leader = None

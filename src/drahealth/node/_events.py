@@ -25,6 +25,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event
 from lightkube.types import PatchType
 
+from drahealth._time import now_rfc3339
 from drahealth.core import Health
 from drahealth.core._records import ChangeReason, HealthChange
 
@@ -133,7 +134,7 @@ class EventRecorder:
         count = sent.count
         if count <= sent.patched_count:
             return
-        body = {"count": count, "lastTimestamp": _timestamp()}
+        body = {"count": count, "lastTimestamp": now_rfc3339()}
         try:
             await self._client.patch(
                 Event, sent.name, body, namespace=sent.namespace, patch_type=PatchType.MERGE
@@ -177,7 +178,3 @@ class EventRecorder:
         """Wait for in-flight creates (tests, shutdown)."""
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
-
-
-def _timestamp() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -26,7 +26,6 @@ check ``status.reservedFor``. Knows nothing of plugin sockets (the registry does
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -37,6 +36,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 
 from drahealth._aio import cancel_and_wait
+from drahealth._time import now_rfc3339
 from drahealth.core._records import ClaimInfo, HealthChange, PreparedDeviceInfo
 from drahealth.core._status import StatusBuilder, resolve_claim_name
 from drahealth.kube import Backoff, Reflector, patch_status
@@ -57,10 +57,6 @@ JSON = dict[str, Any]
 _ENDED = ("Succeeded", "Failed")
 #: Pod status patches in flight at once.
 STATUS_WRITERS = 16
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class _Retry(Exception):
@@ -344,7 +340,7 @@ class KubeletMode:
         meta = pod.get("metadata") or {}
         spec = pod.get("spec") or {}
         uid = str(meta.get("uid"))
-        now = _now()
+        now = now_rfc3339()
         running = {"running": {"startedAt": now}}
 
         def container_status(c: JSON, *, init: bool) -> JSON:

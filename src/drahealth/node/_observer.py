@@ -20,7 +20,6 @@ once per distinct error, and again when ``List`` works again; it never stops the
 from __future__ import annotations
 
 import asyncio
-import datetime
 import json
 import logging
 from collections import OrderedDict
@@ -34,6 +33,7 @@ from lightkube.types import PatchType
 
 from drahealth import api
 from drahealth._aio import cancel_and_wait
+from drahealth._time import now_rfc3339
 from drahealth.core import DeviceKey
 from drahealth.core._records import HealthChange
 from drahealth.kube import is_not_found, write_configmap_data
@@ -223,7 +223,7 @@ class ObserverMode:
                 log.exception("PodResources refresh failed")
 
     def _on_changes(self, changes: list[HealthChange]) -> None:
-        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = now_rfc3339()
         for change in changes:
             if change.old is change.new and change.reason != "report":
                 continue
