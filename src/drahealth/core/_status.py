@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from drahealth.core._cluster_pods import StatusInputError, resolve_claim_name
 from drahealth.core._health import DeviceKey, Health, truncate_message
 from drahealth.core._records import ClaimInfo, PreparedDeviceInfo
 
@@ -36,6 +37,7 @@ __all__ = [
     "StatusInputError",
     "StatusOptions",
     "entry_name",
+    "parse_entry_name",
     "resolve_claim_name",
 ]
 
@@ -51,10 +53,6 @@ CLAIM_PREFIX = "claim:"
 
 _STATUS_LISTS = (("containerStatuses", "containers"), ("initContainerStatuses", "initContainers"))
 _RESOURCE_ID_MODES = ("cdi", "device")
-
-
-class StatusInputError(ValueError):
-    """The pod handed to the builder is malformed; the message names the field."""
 
 
 @dataclass(frozen=True)
@@ -116,34 +114,6 @@ def _string(value: Any, where: str, *, required: bool = False) -> str:
 # --------------------------------------------------------------------------- naming
 
 
-def resolve_claim_name(pod: Mapping[str, Any], pod_claim_name: str) -> str | None:
-    """The ResourceClaim object name behind the pod-level claim ``pod_claim_name``.
-
-    Same rule as the kubelet's prepare path: ``resourceClaimName`` if set; for a
-    ``resourceClaimTemplateName`` the generated name recorded in
-    ``status.resourceClaimStatuses``; ``None`` when the pod has no such claim or the
-    name is not known (yet).
-    """
-    spec = _mapping(pod.get("spec"), "spec")
-    for i, rc in enumerate(_items(spec.get("resourceClaims"), "spec.resourceClaims")):
-        where = f"spec.resourceClaims[{i}]"
-        if _string(rc.get("name"), f"{where}.name", required=True) != pod_claim_name:
-            continue
-        direct = _string(rc.get("resourceClaimName"), f"{where}.resourceClaimName")
-        if direct:
-            return direct
-        if not _string(rc.get("resourceClaimTemplateName"), f"{where}.resourceClaimTemplateName"):
-            return None
-        status = _mapping(pod.get("status"), "status")
-        generated = _items(status.get("resourceClaimStatuses"), "status.resourceClaimStatuses")
-        for j, st in enumerate(generated):
-            sw = f"status.resourceClaimStatuses[{j}]"
-            if _string(st.get("name"), f"{sw}.name", required=True) == pod_claim_name:
-                return _string(st.get("resourceClaimName"), f"{sw}.resourceClaimName") or None
-        return None
-    return None
-
-
 def entry_name(claim_ref_name: str, request: str | None) -> str:
     """``claim:<name>`` or ``claim:<name>/<request>`` (request verbatim, may be ``req/sub``)."""
     if not claim_ref_name:
@@ -151,6 +121,15 @@ def entry_name(claim_ref_name: str, request: str | None) -> str:
     if request:
         return f"{CLAIM_PREFIX}{claim_ref_name}/{request}"
     return f"{CLAIM_PREFIX}{claim_ref_name}"
+
+
+def parse_entry_name(name: str) -> tuple[str, str] | None:
+    """``(claim reference, request)`` of an entry :func:`entry_name` wrote (request ``""``
+    when absent, else verbatim, ``req/sub`` included); ``None`` for other entries."""
+    if not name.startswith(CLAIM_PREFIX):
+        return None
+    ref, _, request = name[len(CLAIM_PREFIX) :].partition("/")
+    return (ref, request) if ref else None
 
 
 def _namespace(pod: Mapping[str, Any]) -> str:

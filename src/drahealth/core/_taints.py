@@ -4,8 +4,10 @@ Owns :class:`Taint`, :func:`tolerated` (do DeviceTolerations tolerate a taint),
 :func:`request_tolerations` (the tolerations of one request of a ResourceClaim, including
 ``firstAvailable`` subrequests ``<request>/<sub>``) and :func:`selects` (does a
 DeviceTaintRule's ``deviceSelector`` select a device: every field given must match, a
-missing or empty field matches anything). Shared by the control plane's stand-ins and
-the remediation controller so both read taints the same way. No I/O.
+missing or empty field matches anything) and :func:`eviction_due` (when a NoExecute
+taint makes a pod leave, ``tolerationSeconds`` honoured). Shared by the control plane's
+stand-ins, the cluster read model and the remediation controller so all read taints
+the same way. No I/O.
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Taint", "request_tolerations", "selects", "tolerated"]
+__all__ = ["NOW", "Taint", "eviction_due", "request_tolerations", "selects", "tolerated"]
+
+#: :func:`eviction_due`'s answer for "at once".
+NOW = float("-inf")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,3 +64,25 @@ def selects(selector: Mapping[str, Any] | None, driver: str, pool: str, device: 
         return False
     wanted = (("driver", driver), ("pool", pool), ("device", device))
     return all(selector.get(field) in (None, "", value) for field, value in wanted)
+
+
+def eviction_due(taint: Taint, tolerations: Iterable[Any], added: float | None) -> float | None:
+    """When a pod whose request has ``tolerations`` must leave a device with ``taint``.
+
+    :data:`NOW` when no toleration tolerates it; ``None`` (never) when it is tolerated
+    and no tolerating toleration has ``tolerationSeconds``; else ``added`` (the taint's
+    ``timeAdded``, unix time) plus the smallest ``tolerationSeconds`` of the tolerating
+    tolerations (<= 0: at once), as Kubernetes' taint manager does. ``added`` unknown
+    means ``None``: the deadline cannot be placed yet.
+    """
+    matching = [t for t in tolerations if isinstance(t, dict) and tolerated(taint, [t])]
+    if not matching:
+        return NOW
+    seconds = [
+        int(t["tolerationSeconds"]) for t in matching if t.get("tolerationSeconds") is not None
+    ]
+    if not seconds:
+        return None
+    if min(seconds) <= 0:
+        return NOW
+    return None if added is None else added + min(seconds)
