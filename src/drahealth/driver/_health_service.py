@@ -1,24 +1,26 @@
-"""The dra-health gRPC services (``v1`` and ``v1alpha1`` ``DRAResourceHealth``) over a HealthHub.
+"""The dra-health gRPC services (``v1`` and ``v1alpha1`` ``DRAResourceHealth``) over a
+device-health model.
 
-Owns: the wire encoding of a hub snapshot (``WireSnapshot``), the per-stream one-slot
-mailbox and send loop (``Mailbox``), and the two generated-servicer subclasses that
-serve both versions from that one implementation. It holds no health state: the hub
-decides what devices look like; this module decides when a stream sends.
+Owns: the wire encoding of a model snapshot (``WireSnapshot``), the fan-out registry of
+open streams with its silence/close switches (``StreamFanout``), the per-stream
+one-slot mailbox and send loop (``Mailbox``), and the one handler that serves both
+versions. It holds no health state: the model (``DeviceHealthModel``, wrapped by the
+``HealthHub``) decides what devices look like; this module decides when a stream sends.
 
 Streaming semantics, per ``NodeWatchResources`` stream:
 
 * the full snapshot is sent at once, then again after every aggregate change, and
-  re-sent unchanged every ``hub.heartbeat_interval`` (a third of the smallest
+  re-sent unchanged every ``heartbeat_interval`` (a third of the smallest
   per-device timeout, at least 0.05 s) so the consumer's lease never lapses;
 * fan-out never blocks the hub: a change only stores the newest version in each
   stream's one-slot mailbox and wakes it. A slow stream skips intermediate snapshots
   and always sends the newest one, so versions on a stream only increase, and a
   stalled stream (gRPC flow control) delays nothing but itself;
-* while the hub is silenced nothing is sent (fault injection: a wedged driver);
-* a client cancel drops the mailbox; ``hub.close()`` ends the streams with OK;
-* a hub with ``supported=False`` answers ``UNIMPLEMENTED`` "health not supported".
+* while the fan-out is silenced nothing is sent (fault injection: a wedged driver);
+* a client cancel drops the mailbox; ``close()`` ends the streams with OK;
+* a fan-out with ``supported=False`` answers ``UNIMPLEMENTED`` "health not supported".
 
-Every call runs on the hub's asyncio loop.
+Every call runs on the owning hub's asyncio loop.
 """
 
 from __future__ import annotations
@@ -31,11 +33,10 @@ import grpc
 
 from drahealth import api
 from drahealth.core import truncate_message
+from drahealth.core._device_health import DeviceHealthModel, DeviceState
 
 if TYPE_CHECKING:
     from typing import TypeAlias
-
-    from drahealth.driver._hub import DeviceState, HealthHub
 
     _V1Context: TypeAlias = grpc.aio.ServicerContext[
         api.health_v1.NodeWatchResourcesRequest, api.health_v1.NodeWatchResourcesResponse
@@ -45,7 +46,18 @@ if TYPE_CHECKING:
         api.health_v1alpha1.NodeWatchResourcesResponse,
     ]
 
-__all__ = ["Mailbox", "SnapshotEncoder", "WireSnapshot", "add_health_servicers", "encode_v1"]
+__all__ = [
+    "MIN_HEARTBEAT_SECONDS",
+    "Mailbox",
+    "SnapshotEncoder",
+    "StreamFanout",
+    "WireSnapshot",
+    "add_health_servicers",
+    "encode_v1",
+]
+
+#: Smallest heartbeat interval on the streams (seconds).
+MIN_HEARTBEAT_SECONDS = 0.05
 
 
 def _device_health(s: DeviceState) -> api.health_v1.DeviceHealth:
@@ -109,7 +121,7 @@ class SnapshotEncoder:
 
 
 class WireSnapshot:
-    """One hub version, encoded lazily and at most once.
+    """One model version, encoded lazily and at most once.
 
     The v1 and v1alpha1 ``NodeWatchResourcesResponse`` are byte-identical on the
     wire, so both services send the same bytes; the message objects are only built
@@ -144,21 +156,92 @@ class WireSnapshot:
         return api.health_v1alpha1.NodeWatchResourcesResponse.FromString(self.encoded())
 
 
+class StreamFanout:
+    """The open dra-health streams over one :class:`DeviceHealthModel`.
+
+    The owner calls :meth:`post` after every model change (it never blocks: each
+    stream's mailbox keeps only the newest version). The wire snapshot of a model
+    version is encoded at most once, however many streams send it.
+    """
+
+    __slots__ = ("_closed", "_encoder", "_model", "_silenced", "_wire", "mailboxes", "supported")
+
+    def __init__(self, model: DeviceHealthModel, *, supported: bool = True) -> None:
+        self._model = model
+        #: False in "health not supported" mode: streams answer UNIMPLEMENTED.
+        self.supported = supported
+        self._encoder = SnapshotEncoder()
+        self._wire: WireSnapshot | None = None
+        self._silenced = False
+        self._closed = False
+        #: The open streams' mailboxes (both versions).
+        self.mailboxes: set[Mailbox] = set()
+
+    @property
+    def version(self) -> int:
+        return self._model.version
+
+    @property
+    def silenced(self) -> bool:
+        return self._silenced
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """Seconds between re-sends without changes: a third of the smallest timeout."""
+        return max(MIN_HEARTBEAT_SECONDS, self._model.smallest_timeout / 3)
+
+    def wire_snapshot(self) -> WireSnapshot:
+        """The model's current version, encoded lazily and cached until it changes."""
+        version = self._model.version
+        if self._wire is None or self._wire.version != version:
+            self._wire = WireSnapshot(version, self._model.snapshot(), self._encoder)
+        return self._wire
+
+    def post(self) -> None:
+        """Wake every stream with the model's current version."""
+        version = self._model.version
+        for mailbox in self.mailboxes:
+            mailbox.post(version)
+
+    def silence(self, silenced: bool) -> None:
+        """While silenced, streams send nothing; resuming sends the latest snapshot."""
+        if silenced != self._silenced:
+            self._silenced = silenced
+            self.post()
+
+    def close(self) -> None:
+        """End every open stream (status OK); new streams are refused (UNAVAILABLE)."""
+        self._closed = True
+        self.post()
+
+    def open_stream(self) -> Mailbox:
+        mailbox = Mailbox(self)
+        self.mailboxes.add(mailbox)
+        return mailbox
+
+    def close_stream(self, mailbox: Mailbox) -> None:
+        self.mailboxes.discard(mailbox)
+
+
 class Mailbox:
-    """One stream's one-slot mailbox: the newest hub version posted, plus a wake-up."""
+    """One stream's one-slot mailbox: the newest model version posted, plus a wake-up."""
 
-    __slots__ = ("_hub", "_started", "_wake", "latest", "sent")
+    __slots__ = ("_fanout", "_started", "_wake", "latest", "sent")
 
-    def __init__(self, hub: HealthHub) -> None:
-        self._hub = hub
+    def __init__(self, fanout: StreamFanout) -> None:
+        self._fanout = fanout
         self._wake = asyncio.Event()
         self._started = False
-        #: Newest version posted by the hub, and the version this stream last sent.
-        self.latest = hub.version
+        #: Newest version posted, and the version this stream last sent.
+        self.latest = fanout.version
         self.sent = -1
 
     def post(self, version: int) -> None:
-        """Called by the hub (never blocks): overwrite the slot and wake the stream."""
+        """Called by the fan-out (never blocks): overwrite the slot and wake the stream."""
         self.latest = version
         self._wake.set()
 
@@ -168,36 +251,36 @@ class Mailbox:
         Due means: the first send, a posted change, a resume after silence, or the
         heartbeat interval elapsing since the previous send.
         """
-        hub = self._hub
+        fanout = self._fanout
         if self._started:
             try:
-                async with asyncio.timeout(hub.heartbeat_interval):
+                async with asyncio.timeout(fanout.heartbeat_interval):
                     await self._wake.wait()
             except TimeoutError:
                 pass
         self._started = True
         while True:
             self._wake.clear()
-            if hub.closed:
+            if fanout.closed:
                 return None
-            if not hub.silenced:
+            if not fanout.silenced:
                 break
             await self._wake.wait()
-        snap = hub._wire_snapshot()
+        snap = fanout.wire_snapshot()
         self.sent = snap.version
         return snap
 
     def close(self) -> None:
-        """Drop the mailbox from the hub (idempotent)."""
-        self._hub._close_stream(self)
+        """Drop the mailbox from the fan-out (idempotent)."""
+        self._fanout.close_stream(self)
 
 
-async def _open(hub: HealthHub, context: grpc.aio.ServicerContext[Any, Any]) -> Mailbox:
-    if not hub.supported:
+async def _open(fanout: StreamFanout, context: grpc.aio.ServicerContext[Any, Any]) -> Mailbox:
+    if not fanout.supported:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "health not supported")
-    if hub.closed:
+    if fanout.closed:
         await context.abort(grpc.StatusCode.UNAVAILABLE, "health hub closed")
-    mailbox = hub._open_stream()
+    mailbox = fanout.open_stream()
     # types-grpcio wants its private ``_DoneCallback`` class; any callable works.
     context.add_done_callback(lambda _ctx: mailbox.close())  # type: ignore[arg-type]
     return mailbox
@@ -207,7 +290,7 @@ def _passthrough(data: bytes) -> bytes:
     return data
 
 
-def add_health_servicers(hub: HealthHub, server: grpc.aio.Server) -> None:
+def add_health_servicers(fanout: StreamFanout, server: grpc.aio.Server) -> None:
     """Register ``v1.DRAResourceHealth`` and ``v1alpha1.DRAResourceHealth`` on ``server``.
 
     Both are served by one handler that yields the snapshot's cached bytes through an
@@ -219,7 +302,7 @@ def add_health_servicers(hub: HealthHub, server: grpc.aio.Server) -> None:
         request: object, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[bytes]:
         """One ``NodeWatchResources`` stream (either version)."""
-        mailbox = await _open(hub, context)
+        mailbox = await _open(fanout, context)
         try:
             while (snap := await mailbox.next()) is not None:
                 yield snap.encoded()

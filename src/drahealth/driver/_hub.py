@@ -1,36 +1,15 @@
 """HealthHub: the driver's one device-health model, fed by sources, read by everything else.
 
-Owns: per-source device reports, worst-of aggregation per device, sticky severity for
-fatal faults with explicit recovery (hysteresis), the device list and per-device
-timeouts, change notifications, and the fan-out registry of open dra-health streams.
-The gRPC services and the wire encoding live in ``_health_service``; this module only
-hands them versioned snapshots. No I/O here apart from waking stream mailboxes.
+Owns the hub: a :class:`~drahealth.core.DeviceHealthModel` (per-source reports,
+worst-of aggregation, sticky severity with explicit recovery, device list and
+timeouts; its module states the aggregation rules) plus what a running driver adds to
+it: change notifications to subscribers, ``submit_threadsafe`` for worker threads,
+and the fan-out of open dra-health streams (``_health_service``: wire encoding,
+mailboxes, the gRPC handler). No I/O here apart from waking stream mailboxes.
 
 Threading: a hub belongs to one asyncio loop. ``submit`` and every other method are
 plain synchronous calls that must be made on that loop's thread (they never block and
 never await). From another thread use ``submit_threadsafe``.
-
-Aggregation rules
------------------
-* Each source's latest report per device is its *contribution*. A device's health is
-  the worst contribution (Healthy < Unknown < Unhealthy); a device no source covers is
-  Unknown. The message is that of the worst contribution(s): latched faults first, then
-  by source name, distinct non-empty messages joined by ``"; "``.
-* A fatal report (``fatal=True``, or ``fatal=None`` with Unhealthy) *latches* that
-  source's contribution at Unhealthy with the fault's message. While latched, the
-  source's Unknown or informational (non-fatal) Unhealthy reports do not change it.
-* A latch clears only when
-  - the same source reports Healthy ``RecoveryPolicy.consecutive_healthy`` times in a
-    row, the first of them at least ``healthy_for_seconds`` (injected clock) before the
-    last (checked when a report arrives; the hub runs no timers); any non-Healthy
-    report from that source restarts the count; or
-  - the ``"operator"`` source reports Healthy (immediate; clears every latch of the
-    device; the operator's Healthy is a command and is not kept as a contribution); or
-  - ``recover()`` is called. A source whose latest report was the fatal fault itself
-    then contributes Healthy: explicit recovery means "the fault is fixed".
-  Other sources' Healthy reports never clear a latch.
-* ``forget_source`` drops a source's contributions but (by default) keeps its latches:
-  a source going away must not silently clear a fatal fault.
 """
 
 from __future__ import annotations
@@ -40,16 +19,26 @@ import concurrent.futures
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
 
 import grpc
 
 from drahealth import api
-from drahealth.core import Health
-from drahealth.driver import _health_service
+from drahealth.core._device_health import (
+    OPERATOR_SOURCE,
+    DeviceHealthModel,
+    DeviceReport,
+    DeviceState,
+    RecoveryPolicy,
+)
+from drahealth.driver._health_service import (
+    MIN_HEARTBEAT_SECONDS,
+    Mailbox,
+    StreamFanout,
+    add_health_servicers,
+)
 
 __all__ = [
+    "MIN_HEARTBEAT_SECONDS",
     "OPERATOR_SOURCE",
     "DeviceReport",
     "DeviceState",
@@ -59,117 +48,14 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-#: Source name whose Healthy report is an explicit operator recovery.
-OPERATOR_SOURCE = "operator"
-
-#: Smallest heartbeat interval on the streams (seconds).
-MIN_HEARTBEAT_SECONDS = 0.05
-
-_DeviceId = tuple[str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceReport:
-    """One source's observation of one device.
-
-    ``fatal``: ``None`` infers it (Unhealthy is fatal, Unknown/Healthy are not);
-    ``False`` on an Unhealthy report makes it informational (never overrides a latched
-    fault); ``True`` is only valid with Unhealthy.
-    """
-
-    pool: str
-    device: str
-    health: Health
-    message: str = ""
-    fatal: bool | None = None
-
-
-@dataclass(frozen=True)
-class RecoveryPolicy:
-    """Hysteresis for clearing a latched fault by the source that raised it."""
-
-    consecutive_healthy: int = 1
-    healthy_for_seconds: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.consecutive_healthy < 1:
-            raise ValueError(
-                f"RecoveryPolicy.consecutive_healthy must be >= 1, got {self.consecutive_healthy}"
-            )
-        if self.healthy_for_seconds < 0:
-            raise ValueError(
-                f"RecoveryPolicy.healthy_for_seconds must be >= 0, got {self.healthy_for_seconds}"
-            )
-
-
-@dataclass(frozen=True)
-class DeviceState:
-    """Aggregated health of one device, as served on the wire and to subscribers."""
-
-    pool: str
-    device: str
-    health: Health
-    message: str
-    #: ``clock()`` time of the last change of health or message.
-    since: float
-    #: A fatal fault is latched until explicit recovery.
-    sticky: bool
-    #: Each source's effective contribution (a latched source reads Unhealthy).
-    sources: Mapping[str, Health] = field(hash=False)
-    #: ``health_check_timeout_seconds`` sent on the wire.
-    timeout_seconds: int
-    #: ``wall_clock()`` time (unix seconds) of ``since``; ``last_updated_time`` on the wire.
-    updated_at: float = 0.0
-
-
-@dataclass(slots=True)
-class _Contribution:
-    """One source's view of one device."""
-
-    health: Health | None  # latest report; None once the source is forgotten (latch only)
-    message: str = ""
-    fatal: bool = False
-    latch: str | None = None  # message of the latched fatal fault
-    streak: int = 0  # consecutive Healthy reports while latched
-    streak_since: float = 0.0  # clock() of the first of them
-
-    def effective(self) -> tuple[Health, str, bool] | None:
-        if self.latch is not None:
-            return Health.UNHEALTHY, self.latch, True
-        if self.health is None:
-            return None
-        return self.health, self.message, False
-
-    def clear_latch(self) -> None:
-        self.latch = None
-        self.streak = 0
-        if self.health is Health.UNHEALTHY and self.fatal:
-            self.health, self.message, self.fatal = Health.HEALTHY, "", False
-
-
-@dataclass(slots=True)
-class _Device:
-    pool: str
-    device: str
-    timeout: int
-    state: DeviceState
-    sources: dict[str, _Contribution] = field(default_factory=dict)
-
-
-def _check_timeout(seconds: int, what: str) -> int:
-    if isinstance(seconds, bool) or not isinstance(seconds, int) or seconds <= 0:
-        raise ValueError(f"{what} must be a positive int (seconds), got {seconds!r}")
-    return seconds
-
-
-def _name(dev: _DeviceId) -> str:
-    return f"{dev[0]}/{dev[1]}"
+#: The default recovery policy: the first Healthy report of the latching source clears.
+_DEFAULT_RECOVERY = RecoveryPolicy()
 
 
 class HealthHub:
     """Aggregates per-source device reports and serves them as dra-health streams.
 
-    See the module docstring for the aggregation and recovery rules, and
+    The aggregation and recovery rules are those of ``DeviceHealthModel``; see
     ``_health_service`` for the streaming behaviour.
     """
 
@@ -178,58 +64,59 @@ class HealthHub:
         devices: Iterable[tuple[str, str]] = (),
         *,
         default_timeout_seconds: int = api.DEFAULT_HEALTH_TIMEOUT_SECONDS,
-        recovery: RecoveryPolicy = RecoveryPolicy(),  # frozen, so sharing it is safe
+        recovery: RecoveryPolicy = _DEFAULT_RECOVERY,
         supported: bool = True,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        self._default_timeout = _check_timeout(default_timeout_seconds, "default_timeout_seconds")
-        self._recovery = recovery
-        self._supported = supported
-        self._clock = clock
-        self._wall = wall_clock
-        self._devices: dict[_DeviceId, _Device] = {}
-        self._version = 0
-        self._snapshot: list[DeviceState] | None = None
-        self._order: list[_Device] | None = None  # records by (pool, device); None: re-sort
-        self._encoder = _health_service.SnapshotEncoder()
-        self._wire: _health_service.WireSnapshot | None = None
+        self._model = DeviceHealthModel(
+            devices,
+            default_timeout_seconds=default_timeout_seconds,
+            recovery=recovery,
+            clock=clock,
+            wall_clock=wall_clock,
+        )
+        self._streams = StreamFanout(self._model, supported=supported)
         self._subscribers: list[Callable[[list[DeviceState]], None]] = []
-        self._mailboxes: set[_health_service.Mailbox] = set()
-        self._silenced = False
-        self._closed = False
-        self.set_devices(devices)
 
     # -- properties ------------------------------------------------------------------
 
     @property
+    def model(self) -> DeviceHealthModel:
+        """The sans-I/O model behind the hub (read it; change it through the hub)."""
+        return self._model
+
+    @property
     def supported(self) -> bool:
         """False in "health not supported" mode: nothing advertised, streams UNIMPLEMENTED."""
-        return self._supported
+        return self._streams.supported
 
     @property
     def version(self) -> int:
         """Increases by one on every aggregate change."""
-        return self._version
+        return self._model.version
 
     @property
     def silenced(self) -> bool:
-        return self._silenced
+        return self._streams.silenced
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._streams.closed
 
     @property
     def stream_count(self) -> int:
         """Number of open dra-health streams (both versions)."""
-        return len(self._mailboxes)
+        return len(self._streams.mailboxes)
 
     @property
     def heartbeat_interval(self) -> float:
         """Seconds between re-sends without changes: a third of the smallest timeout."""
-        smallest = min((d.timeout for d in self._devices.values()), default=self._default_timeout)
-        return max(MIN_HEARTBEAT_SECONDS, smallest / 3)
+        return self._streams.heartbeat_interval
+
+    @property
+    def _mailboxes(self) -> set[Mailbox]:
+        return self._streams.mailboxes
 
     # -- device list -----------------------------------------------------------------
 
@@ -244,50 +131,15 @@ class HealthHub:
         their state and timeout unless ``timeouts`` names them; removed devices are
         dropped with their contributions and latches.
         """
-        wanted: dict[_DeviceId, None] = {}
-        for dev in devices:
-            pool, device = dev
-            if not isinstance(pool, str) or not isinstance(device, str):
-                raise ValueError(f"device {dev!r} is not a (pool, device) pair of strings")
-            wanted[(pool, device)] = None
-        timeouts = dict(timeouts or {})
-        stray = [d for d in timeouts if d not in wanted]
-        if stray:
-            raise ValueError(
-                "timeouts name devices not in the device list: " + ", ".join(map(_name, stray))
-            )
-        for dev, seconds in timeouts.items():
-            _check_timeout(seconds, f"timeout of {_name(dev)}")
-        removed = [d for d in self._devices if d not in wanted]
-        for dev in removed:
-            del self._devices[dev]
-        if removed:
-            self._order = None
-        changed: list[DeviceState] = []
-        now, wall = self._clock(), self._wall()
-        for dev in wanted:
-            rec = self._devices.get(dev)
-            if rec is None:
-                timeout = timeouts.get(dev, self._default_timeout)
-                state = DeviceState(
-                    dev[0], dev[1], Health.UNKNOWN, "", now, False, MappingProxyType({}),
-                    timeout, wall,
-                )  # fmt: skip
-                self._devices[dev] = _Device(dev[0], dev[1], timeout, state)
-                self._order = None
-                changed.append(state)
-            elif dev in timeouts and timeouts[dev] != rec.timeout:
-                rec.timeout = timeouts[dev]
-                changed.extend(self._refresh([rec]))
-        self._commit(changed, force=bool(removed))
-        return changed
+        before = self._model.version
+        return self._notify(before, self._model.set_devices(devices, timeouts))
 
     def set_timeout(self, pool: str, device: str, seconds: int) -> DeviceState:
         """Set one device's ``health_check_timeout_seconds``."""
-        rec = self._get(pool, device)
-        rec.timeout = _check_timeout(seconds, f"timeout of {pool}/{device}")
-        self._commit(self._refresh([rec]))
-        return rec.state
+        before = self._model.version
+        state = self._model.set_timeout(pool, device, seconds)
+        self._notify(before, [state])
+        return state
 
     # -- reports ---------------------------------------------------------------------
 
@@ -297,45 +149,8 @@ class HealthHub:
         Raises ValueError naming every device not in the device list, and for
         malformed reports; nothing is applied then.
         """
-        if not isinstance(source, str) or not source:
-            raise ValueError(f"source must be a non-empty string, got {source!r}")
-        batch = list(reports)
-        unknown: dict[_DeviceId, None] = {}
-        checked: list[tuple[_Device, Health, str, bool]] = []
-        for rep in batch:
-            if not isinstance(rep, DeviceReport):
-                raise ValueError(f"reports must be DeviceReport, got {type(rep).__name__}")
-            rec = self._devices.get((rep.pool, rep.device))
-            if rec is None:
-                unknown[(rep.pool, rep.device)] = None
-                continue
-            try:
-                health = Health(rep.health)
-            except ValueError:
-                raise ValueError(
-                    f"report for {rep.pool}/{rep.device}: invalid health {rep.health!r}"
-                ) from None
-            if not isinstance(rep.message, str):
-                raise ValueError(f"report for {rep.pool}/{rep.device}: message must be a str")
-            if rep.fatal and health is not Health.UNHEALTHY:
-                raise ValueError(
-                    f"report for {rep.pool}/{rep.device}: only an Unhealthy report can be fatal"
-                )
-            fatal = rep.fatal if rep.fatal is not None else health is Health.UNHEALTHY
-            checked.append((rec, health, rep.message, fatal))
-        if unknown:
-            raise ValueError(
-                f"source {source!r} reported devices unknown to the hub: "
-                + ", ".join(map(_name, unknown))
-            )
-        touched: dict[_DeviceId, _Device] = {}
-        now = self._clock()
-        for rec, health, message, fatal in checked:
-            self._apply(rec, source, health, message, fatal, now)
-            touched[(rec.pool, rec.device)] = rec
-        changed = self._refresh(touched.values())
-        self._commit(changed)
-        return changed
+        before = self._model.version
+        return self._notify(before, self._model.submit(source, reports))
 
     def submit_threadsafe(
         self,
@@ -358,54 +173,16 @@ class HealthHub:
         loop.call_soon_threadsafe(run)
         return fut
 
-    def _apply(
-        self, rec: _Device, source: str, health: Health, message: str, fatal: bool, now: float
-    ) -> None:
-        if source == OPERATOR_SOURCE and health is Health.HEALTHY:
-            self._clear_latches(rec, None)
-            rec.sources.pop(OPERATOR_SOURCE, None)
-            return
-        c = rec.sources.get(source)
-        if c is None:
-            c = rec.sources[source] = _Contribution(None)
-        c.health, c.message, c.fatal = health, message, fatal
-        if fatal:
-            c.latch = message
-            c.streak = 0
-        elif c.latch is not None:
-            if health is not Health.HEALTHY:
-                c.streak = 0
-                return
-            if c.streak == 0:
-                c.streak_since = now
-            c.streak += 1
-            policy = self._recovery
-            if (
-                c.streak >= policy.consecutive_healthy
-                and now - c.streak_since >= policy.healthy_for_seconds
-            ):
-                c.clear_latch()
-
-    @staticmethod
-    def _clear_latches(rec: _Device, source: str | None) -> None:
-        for name in [source] if source is not None else list(rec.sources):
-            c = rec.sources.get(name)
-            if c is None or c.latch is None:
-                continue
-            c.clear_latch()
-            if c.health is None:
-                del rec.sources[name]
-
     def recover(self, pool: str, device: str, source: str | None = None) -> DeviceState:
         """Explicit operator recovery: clear the latched fault of ``source`` (or all).
 
         A cleared source whose latest report was the fault itself now contributes
         Healthy; other contributions are untouched. Returns the device's new state.
         """
-        rec = self._get(pool, device)
-        self._clear_latches(rec, source)
-        self._commit(self._refresh([rec]))
-        return rec.state
+        before = self._model.version
+        state = self._model.recover(pool, device, source)
+        self._notify(before, [state])
+        return state
 
     def forget_source(self, source: str, *, keep_faults: bool = True) -> list[DeviceState]:
         """A source went away: drop its contributions; returns the states that changed.
@@ -414,33 +191,18 @@ class HealthHub:
         default) the source's latched faults stay until recovered (by ``recover``, the
         operator, or the same source coming back and reporting Healthy).
         """
-        touched: list[_Device] = []
-        for rec in self._devices.values():
-            c = rec.sources.get(source)
-            if c is None:
-                continue
-            touched.append(rec)
-            if keep_faults and c.latch is not None:
-                c.health, c.message, c.fatal, c.streak = None, "", False, 0
-            else:
-                del rec.sources[source]
-        changed = self._refresh(touched)
-        self._commit(changed)
-        return changed
+        before = self._model.version
+        return self._notify(before, self._model.forget_source(source, keep_faults=keep_faults))
 
     # -- reading ---------------------------------------------------------------------
 
     def state(self, pool: str, device: str) -> DeviceState:
         """The device's current state; ValueError if the hub does not know it."""
-        return self._get(pool, device).state
+        return self._model.state(pool, device)
 
     def snapshot(self) -> list[DeviceState]:
         """Every device's state, ordered by (pool, device)."""
-        if self._snapshot is None:
-            if self._order is None:
-                self._order = [self._devices[k] for k in sorted(self._devices)]
-            self._snapshot = [rec.state for rec in self._order]
-        return list(self._snapshot)
+        return self._model.snapshot()
 
     def subscribe(self, callback: Callable[[list[DeviceState]], None]) -> Callable[[], None]:
         """Call ``callback(changed_states)`` on the hub's loop after every change.
@@ -461,100 +223,36 @@ class HealthHub:
 
     def advertised_services(self) -> list[str]:
         """Registration strings to append after the DRAPlugin services."""
-        return [api.DRA_HEALTH_V1, api.DRA_HEALTH_V1ALPHA1] if self._supported else []
+        return [api.DRA_HEALTH_V1, api.DRA_HEALTH_V1ALPHA1] if self.supported else []
 
     def add_to_server(self, server: grpc.aio.Server) -> list[str]:
         """Register the v1 and v1alpha1 servicers; returns ``advertised_services()``."""
-        _health_service.add_health_servicers(self, server)
+        add_health_servicers(self._streams, server)
         return self.advertised_services()
 
     def encode_snapshot_v1(self) -> bytes:
         """The serialized v1 ``NodeWatchResourcesResponse`` of the current snapshot."""
-        return self._wire_snapshot().encoded()
+        return self._streams.wire_snapshot().encoded()
 
     def silence(self, silenced: bool) -> None:
         """Fault injection: while silenced, streams send nothing (no snapshots, no
         heartbeats), as from a wedged driver. Resuming sends the latest snapshot at once."""
-        if silenced != self._silenced:
-            self._silenced = silenced
-            self._wake_streams()
+        self._streams.silence(silenced)
 
     def close(self) -> None:
         """End every open stream (status OK); new streams are refused (UNAVAILABLE)."""
-        self._closed = True
-        self._wake_streams()
+        self._streams.close()
 
     # -- internals -------------------------------------------------------------------
 
-    def _get(self, pool: str, device: str) -> _Device:
-        rec = self._devices.get((pool, device))
-        if rec is None:
-            raise ValueError(f"device {pool}/{device} is unknown to the hub")
-        return rec
-
-    def _refresh(self, recs: Iterable[_Device]) -> list[DeviceState]:
-        """Recompute the aggregate of ``recs``; return the states that changed."""
-        changed: list[DeviceState] = []
-        for rec in recs:
-            effective: list[tuple[str, Health, str, bool]] = []
-            for name in sorted(rec.sources):
-                eff = rec.sources[name].effective()
-                if eff is not None:
-                    effective.append((name, *eff))
-            if effective:
-                health = Health.worst(*(e[1] for e in effective))
-                worst = [e for e in effective if e[1] is health]
-                worst.sort(key=lambda e: (not e[3], e[0]))
-                message = "; ".join(dict.fromkeys(e[2] for e in worst if e[2]))
-            else:
-                health, message = Health.UNKNOWN, ""
-            sticky = any(c.latch is not None for c in rec.sources.values())
-            sources = {e[0]: e[1] for e in effective}
-            old = rec.state
-            if (
-                old.health is health
-                and old.message == message
-                and old.sticky == sticky
-                and old.timeout_seconds == rec.timeout
-                and dict(old.sources) == sources
-            ):
-                continue
-            since, updated_at = old.since, old.updated_at
-            if old.health is not health or old.message != message:
-                since, updated_at = self._clock(), self._wall()
-            rec.state = DeviceState(
-                rec.pool, rec.device, health, message, since, sticky,
-                MappingProxyType(sources), rec.timeout, updated_at,
-            )  # fmt: skip
-            changed.append(rec.state)
-        return changed
-
-    def _commit(self, changed: list[DeviceState], *, force: bool = False) -> None:
-        if not changed and not force:
-            return
-        self._version += 1
-        self._snapshot = None
-        self._wire = None
-        self._wake_streams()
+    def _notify(self, before: int, changed: list[DeviceState]) -> list[DeviceState]:
+        """After a model call: if its version moved, wake the streams and subscribers."""
+        if self._model.version == before:
+            return changed
+        self._streams.post()
         for callback in list(self._subscribers):
             try:
                 callback(list(changed))
             except Exception:
                 _log.exception("HealthHub subscriber %r failed", callback)
-
-    def _wake_streams(self) -> None:
-        for mailbox in self._mailboxes:
-            mailbox.post(self._version)
-
-    def _wire_snapshot(self) -> _health_service.WireSnapshot:
-        if self._wire is None:
-            self._wire = _health_service.WireSnapshot(self._version, self.snapshot(), self._encoder)
-        return self._wire
-
-    def _open_stream(self) -> _health_service.Mailbox:
-        mailbox = _health_service.Mailbox(self)
-        self._mailboxes.add(mailbox)
-        return mailbox
-
-    def _close_stream(self, mailbox: _health_service.Mailbox) -> None:
-        self._mailboxes.discard(mailbox)
+        return changed
