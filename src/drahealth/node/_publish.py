@@ -1,10 +1,10 @@
 """The node's device-health record in the API: one ConfigMap per node.
 
 Owns :class:`DeviceHealthPublisher`, a pipeline listener that keeps the ConfigMap
-``drahealth-devices-<node>`` (names and labels as ``drahealth._agent_records`` defines
-them for the readers) equal to the agent's health cache: data key ``devices`` is a JSON list of
+``drahealth-devices-<node>`` equal to the agent's health cache, in the record format the
+core's codec defines for all readers (names, labels, data key ``devices``: a JSON list of
 ``{"driver", "pool", "device", "health", "message", "since"}`` sorted by device, with
-``since`` the unix time of the last change. Bursts of changes are coalesced into one
+``since`` the unix time of the last change). Bursts of changes are coalesced into one
 write. Pod status only shows devices that a pod uses; this record shows every device,
 so the remediation controller can see a tainted device recover after its pods were
 evicted, and operators can list a node's bad devices.
@@ -17,14 +17,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-from typing import Any, Final
+from typing import Final
 
 from lightkube import AsyncClient
 
-from drahealth._agent_records import LABELS, NAME_PREFIX, NODE_LABEL
-from drahealth.core import Health
+from drahealth.core import DeviceKey, Health
+from drahealth.core._cluster_records import (
+    LABELS,
+    HealthRow,
+    encode_devices,
+    record_labels,
+    record_name,
+)
 from drahealth.core._health_cache import HealthCache
 from drahealth.core._records import HealthChange
 from drahealth.kube import write_configmap_data
@@ -38,7 +43,7 @@ MAX_DEVICES: Final = 4000
 
 
 def devices_configmap_name(node: str) -> str:
-    return NAME_PREFIX + node
+    return record_name(node)
 
 
 class DeviceHealthPublisher:
@@ -80,7 +85,7 @@ class DeviceHealthPublisher:
 
     def snapshot(self) -> dict[str, str]:
         """The ConfigMap data for the cache as it is now."""
-        rows: list[dict[str, Any]] = []
+        rows: list[HealthRow] = []
         entries = self.cache.entries()
         omitted = 0
         if len(entries) > MAX_DEVICES:
@@ -89,20 +94,9 @@ class DeviceHealthPublisher:
             entries = bad[:MAX_DEVICES]
         for e in entries:
             health, message = self.cache.get(e.driver, e.pool, e.device)  # lease applied
-            rows.append(
-                {
-                    "driver": e.driver,
-                    "pool": e.pool,
-                    "device": e.device,
-                    "health": health.value,
-                    "message": message,
-                    "since": round(e.changed_wall, 3),
-                }
-            )
-        data = {"devices": json.dumps(rows, ensure_ascii=False, separators=(",", ":"))}
-        if omitted:
-            data["omittedHealthy"] = str(omitted)
-        return data
+            key = DeviceKey(e.driver, e.pool, e.device)
+            rows.append(HealthRow(key, health, message, e.changed_wall))
+        return encode_devices(rows, omitted)
 
     async def _loop(self) -> None:
         while True:
@@ -121,7 +115,7 @@ class DeviceHealthPublisher:
                 await asyncio.sleep(1.0)
 
     async def _write(self, data: dict[str, str]) -> None:
-        labels = {**LABELS, NODE_LABEL: self.node}
+        labels = record_labels(self.node)
         await write_configmap_data(
             self.client, devices_configmap_name(self.node), self.namespace, data, labels
         )
