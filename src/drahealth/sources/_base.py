@@ -1,9 +1,10 @@
 """The one interface every health source implements, and the loop that drives it.
 
 Owns :class:`HealthSource` (a ``name``, an ``interval`` and a blocking ``poll()`` that
-returns one full :class:`~drahealth.driver.DeviceReport` list for its devices) and
+returns one full :class:`~drahealth.core.DeviceReport` list for its devices) and
 :func:`run_source`, which polls in a worker thread (hardware probes block) and submits
-each result to a :class:`~drahealth.driver.HealthHub`. A poll that raises is logged and
+each result to a :class:`~drahealth.core.HealthReportSink` (the driver's ``HealthHub``,
+or a bare ``DeviceHealthModel``). A poll that raises is logged and
 reported as every device Unknown with the error as the message, never as Healthy.
 """
 
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from drahealth.core import Health
-from drahealth.driver import DeviceReport, HealthHub
+from drahealth.core._device_health import DeviceReport, HealthReportSink
 
 __all__ = ["HealthSource", "run_source", "unknown_all"]
 
@@ -41,7 +42,7 @@ def unknown_all(source: HealthSource, message: str) -> list[DeviceReport]:
     return [DeviceReport(p, d, Health.UNKNOWN, message) for p, d in source.devices()]
 
 
-async def run_source(hub: HealthHub, source: HealthSource) -> None:
+async def run_source(hub: HealthReportSink, source: HealthSource) -> None:
     """Poll ``source`` every ``source.interval`` seconds and feed ``hub`` until cancelled."""
     failing = ""
     while True:

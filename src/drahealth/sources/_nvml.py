@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from drahealth.core import Health
-from drahealth.driver import DeviceReport
+from drahealth.core._device_health import DeviceReport
 
 __all__ = ["XID_TEXT", "GpuDevice", "NvmlSource", "NvmlThresholds", "discover_gpus"]
 

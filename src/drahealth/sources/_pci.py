@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from drahealth.core import Health
-from drahealth.driver import DeviceReport
+from drahealth.core._device_health import DeviceReport
 
 __all__ = ["AerThresholds", "PciDevice", "PciSource", "list_pci_devices"]
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from drahealth.core import Health
-from drahealth.driver import DeviceReport
+from drahealth.core._device_health import DeviceReport
 
 __all__ = ["ExecProbe", "FileProbe"]
 
