@@ -1,18 +1,23 @@
 """The remediation controller: device health -> DeviceTaintRules -> evictions -> untaint.
 
 Owns :class:`RemediationController`, the leader's work. It reflects Pods, ResourceClaims,
-ResourceSlices, DeviceTaintRules and the agents' device-health ConfigMaps; on every
-change (and at the engine's next deadline) it runs one pass:
+ResourceSlices, DeviceTaintRules and the agents' device-health ConfigMaps into the
+core's :class:`ClusterModel`, one watch event at a time; on every change (and at the
+engine's next deadline) it runs one pass, which costs O(devices whose observation
+changed) plus O(devices that want a taint):
 
-1. observations (:mod:`._view`) -> :class:`RemedyEngine` -> the taint each device wants;
+1. the changed devices' observations -> :class:`RemedyEngine` -> the taint each device
+   wants;
 2. reconcile the controller's own DeviceTaintRules (label
    ``app.kubernetes.io/managed-by=drahealth-controller``) to exactly those wants:
    create, update the effect/value, delete when recovered. Rules anyone else made are
    never touched. Rules with effect ``None`` get a dry-run impact summary (devices,
    pods, namespaces NoExecute would hit) in their ``EvictionInProgress`` condition;
 3. in ``eviction.mode: evict``, pods on NoExecute devices that do not tolerate the
-   taint (and are not in an excluded namespace) go to the :class:`Evictor`, and the
-   rule itself is written NoSchedule so only budget-aware evictions move pods;
+   taint (and are not in an excluded namespace) go to the :class:`Evictor`; a
+   toleration with ``tolerationSeconds`` delays that to the rule's ``timeAdded`` plus
+   the seconds. The rule itself is written NoSchedule so only budget-aware evictions
+   move pods;
 4. recovered devices with a validation hook get it run (exec or HTTP GET) first.
 
 Every action is an Event (on the rule or the pod) and a line in the ConfigMap
@@ -43,12 +48,12 @@ from lightkube.resources.core_v1 import ConfigMap, Event, Pod
 from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
-from drahealth._agent_records import agent_records
 from drahealth._aio import cancel_and_wait
 from drahealth.core import DeviceKey, Health
+from drahealth.core._cluster import ClusterModel, Consumer
 from drahealth.core._policy import DeviceFacts, Policy, Validate
 from drahealth.core._remedy_engine import RemedyEngine, Want
-from drahealth.core._taints import Taint, request_tolerations, tolerated
+from drahealth.core._taints import Taint
 from drahealth.kube import Reflector, as_dict, write_configmap_data
 from drahealth.remedy._evict import Evictor
 from drahealth.remedy._metrics import ControllerMetrics
@@ -62,7 +67,6 @@ from drahealth.remedy._rules import (
     is_ours,
     rule_body,
 )
-from drahealth.remedy._view import Consumer, consumers, device_facts, observations
 
 __all__ = ["HISTORY_CONFIGMAP", "RemediationController"]
 
@@ -78,41 +82,8 @@ def _now_text() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-#: A pass yields to the event loop after this many objects converted or devices observed.
+#: A pass yields to the event loop after this many devices observed.
 YIELD_EVERY = 500
-
-
-class _Dicts:
-    """Plain-dict copies of a reflector's objects, each converted once per resourceVersion.
-
-    Converting all 5,000 pods of a cluster on every pass took seconds; only new and
-    changed objects are converted, yielding to the event loop every ``YIELD_EVERY``.
-    The dicts are shared between passes: read them, never change them.
-    """
-
-    def __init__(self, reflector: Reflector[Any]) -> None:
-        self._reflector = reflector
-        self._cache: dict[tuple[str, str], tuple[str, JSON]] = {}
-
-    async def get(self) -> list[JSON]:
-        out: list[JSON] = []
-        fresh: dict[tuple[str, str], tuple[str, JSON]] = {}
-        converted = 0
-        for key, obj in self._reflector.store.items():
-            meta = getattr(obj, "metadata", None)
-            rv = str(getattr(meta, "resourceVersion", None) or "")
-            hit = self._cache.get(key)
-            if hit is not None and rv and hit[0] == rv:
-                data = hit[1]
-            else:
-                data = as_dict(obj)
-                converted += 1
-                if converted % YIELD_EVERY == 0:
-                    await asyncio.sleep(0)
-            fresh[key] = (rv, data)
-            out.append(data)
-        self._cache = fresh
-        return out
 
 
 class RemediationController:
@@ -155,9 +126,16 @@ class RemediationController:
             name="remedy-device-health",
         )
         self.evictor = Evictor(client, policy.eviction, on_event=self._eviction_event)
-        self._pod_dicts = _Dicts(self.pods)
-        self._claim_dicts = _Dicts(self.claims)
-        self._slice_dicts = _Dicts(self.slices)
+        self.model = ClusterModel(records_namespace=namespace)
+        self._feeds: list[tuple[Reflector[Any], Callable[..., None]]] = [
+            (self.pods, self._feed("Pod")),
+            (self.claims, self._feed("ResourceClaim")),
+            (self.slices, self._feed("ResourceSlice")),
+            (self.rules, self._feed("DeviceTaintRule")),
+            (self.health, self._feed("ConfigMap")),
+        ]
+        self._rule_names: dict[DeviceKey, str] = {}  # device -> our rule's name
+        self._evict_due: float | None = None  # wall time a tolerated eviction falls due
         self._wake = asyncio.Event()
         self._bad_seen: dict[DeviceKey, float] = {}  # first bad observation, for latency
         self._validating: set[DeviceKey] = set()
@@ -169,11 +147,9 @@ class RemediationController:
     # -- lifecycle -------------------------------------------------------------------
 
     async def run(self) -> None:
-        reflectors: list[Reflector[Any]] = [
-            self.pods, self.claims, self.slices, self.rules, self.health,
-        ]  # fmt: skip
-        for r in reflectors:
-            r.add_handler(self._changed)
+        reflectors = [r for r, _ in self._feeds]
+        for r, feed in self._feeds:
+            r.add_handler(feed)
         tasks: list[asyncio.Task[None]] = []
         try:
             for r in reflectors:
@@ -189,17 +165,23 @@ class RemediationController:
                 await self._sleep()
         finally:
             await cancel_and_wait(tasks)
-            for r in reflectors:
-                r.remove_handler(self._changed)
+            for r, feed in self._feeds:
+                r.remove_handler(feed)
                 await r.stop()
 
-    def _changed(self, *_args: Any) -> None:
-        self._wake.set()
+    def _feed(self, kind: str) -> Callable[..., None]:
+        def on_event(event_type: str, obj: Any, _old: Any) -> None:
+            self.model.apply(kind, event_type, as_dict(obj))
+            self._wake.set()
+
+        return on_event
 
     async def _sleep(self) -> None:
         now = self._clock()
         due = self.engine.next_wakeup(now)
         timeout = 1.0 if due is None else max(0.0, min(1.0, due - now))
+        if self._evict_due is not None:
+            timeout = max(0.0, min(timeout, self._evict_due - self._wall()))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 await self._wake.wait()
@@ -211,19 +193,13 @@ class RemediationController:
     async def reconcile(self) -> None:
         self.passes += 1
         now = self._clock()
-        pods = await self._pod_dicts.get()
-        claims = await self._claim_dicts.get()
-        facts = device_facts(await self._slice_dicts.get())
-        records = agent_records(self.health.store.dicts(), self.namespace)
-        seen = observations(records, pods, claims)
-        for i, (key, obs) in enumerate(seen.items()):
+        for i, key in enumerate(sorted(self.model.take_changed())):
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # a long pass lets watches and timers run
-            f = facts.get(key) or DeviceFacts(key.driver, key.pool, key.device, obs.node)
-            if not f.node and obs.node:
-                f = DeviceFacts(f.driver, f.pool, f.device, obs.node, f.attributes)
-            facts[key] = f
-            self.engine.observe(f, obs.health, obs.message, now)
+            obs = self.model.observation(key)
+            if obs is None:
+                continue  # nobody reports on it any more: the engine keeps the last word
+            self.engine.observe(self._facts(key), obs.health, obs.message, now)
             if obs.health is not Health.HEALTHY:
                 # when it went bad: the agent's change time if known, else this pass
                 since = now
@@ -233,13 +209,23 @@ class RemediationController:
             else:
                 self._bad_seen.pop(key, None)
         wants = self.engine.wants(now)
-        users = consumers(pods, claims)
-        await self._reconcile_rules(wants, facts, users, now)
-        self._plan_evictions(wants, users, claims)
-        self.evictor.present(str((p.get("metadata") or {}).get("uid")) for p in pods)
-        self._start_validations(facts, now)
+        await self._reconcile_rules(wants, now)
+        self._plan_evictions(wants)
+        self.evictor.gone(self.model.take_gone_pods())
+        self._start_validations(now)
         self.metrics.pending_evictions.set(self.evictor.pending)
         await self._flush_history()
+
+    def _facts(self, key: DeviceKey) -> DeviceFacts:
+        """The device's facts from its slice; the node from its observation if need be."""
+        f = self.model.facts(key)
+        if f is not None and f.node:
+            return f
+        obs = self.model.observation(key)
+        node = obs.node if obs is not None else ""
+        if f is None:
+            return DeviceFacts(key.driver, key.pool, key.device, node)
+        return DeviceFacts(f.driver, f.pool, f.device, node, f.attributes)
 
     def _seed(self) -> None:
         now, wall = self._clock(), self._wall()
@@ -263,16 +249,10 @@ class RemediationController:
             )
             self.engine.seed(facts, want, now - max(0.0, wall - added))
 
-    async def _reconcile_rules(
-        self,
-        wants: dict[DeviceKey, Want],
-        facts: dict[DeviceKey, DeviceFacts],
-        users: dict[DeviceKey, list[Consumer]],
-        now: float,
-    ) -> None:
+    async def _reconcile_rules(self, wants: dict[DeviceKey, Want], now: float) -> None:
         desired: dict[str, tuple[DeviceKey, JSON]] = {}
         for key, want in wants.items():
-            f = facts.get(key) or DeviceFacts(key.driver, key.pool, key.device)
+            f = self._facts(key)
             body = rule_body(
                 DeviceRef(key.driver, key.pool, key.device),
                 key=want.key,
@@ -283,6 +263,7 @@ class RemediationController:
                 reason=want.reason,
             )
             desired[body["metadata"]["name"]] = (key, body)
+        self._rule_names = {key: name for name, (key, _) in desired.items()}
         existing = {
             str(r.metadata.name): r
             for r in self.rules.store.list()
@@ -308,7 +289,7 @@ class RemediationController:
                     updated["metadata"]["annotations"] = body["metadata"]["annotations"]
                     await self._write_rule("update", updated)
             if taint["effect"] == "None":
-                await self._impact_summary(name, key, users)
+                await self._impact_summary(name, key)
         for name, rule in sorted(existing.items()):
             if name not in desired:
                 await self._write_rule("delete", as_dict(rule))
@@ -371,10 +352,11 @@ class RemediationController:
         )
         return True
 
-    async def _impact_summary(
-        self, name: str, key: DeviceKey, users: dict[DeviceKey, list[Consumer]]
-    ) -> None:
-        pods = [p for p in users.get(key, []) if p.namespace not in self.policy.exclude_namespaces]
+    async def _impact_summary(self, name: str, key: DeviceKey) -> None:
+        pods = [
+            p for p in self.model.consumers(key)
+            if p.namespace not in self.policy.exclude_namespaces
+        ]  # fmt: skip
         namespaces = sorted({p.namespace for p in pods})
         message = (
             f"dry run (effect None): NoExecute would evict {len(pods)} pod(s)"
@@ -410,28 +392,24 @@ class RemediationController:
 
     # -- evictions -----------------------------------------------------------------------
 
-    def _plan_evictions(
-        self,
-        wants: dict[DeviceKey, Want],
-        users: dict[DeviceKey, list[Consumer]],
-        claims: list[JSON],
-    ) -> None:
+    def _plan_evictions(self, wants: dict[DeviceKey, Want]) -> None:
+        self._evict_due = None
         if self.policy.eviction.mode != "evict" or self.policy.dry_run:
             self.evictor.want([])
             return
-        by_name = {
-            (str(c["metadata"].get("namespace")), str(c["metadata"].get("name"))): c for c in claims
-        }
         out: list[tuple[Consumer, str]] = []
+        wall = self._wall()
         for key, want in wants.items():
             if want.effect != "NoExecute":
                 continue
-            for pod in users.get(key, []):
+            source = f"devicetaintrule/{self._rule_names.get(key, '')}"
+            added = next((t.added for t in self.model.taints(key) if t.source == source), None)
+            taint = Taint(want.key, want.value, want.effect)
+            leaving, later = self.model.evictions(key, taint, added, wall)
+            if later is not None and (self._evict_due is None or later < self._evict_due):
+                self._evict_due = later
+            for pod in leaving:
                 if pod.namespace in self.policy.exclude_namespaces:
-                    continue
-                claim = by_name.get((pod.namespace, pod.claim), {})
-                taint = Taint(want.key, want.value, want.effect)
-                if tolerated(taint, request_tolerations(claim, pod.request)):
                     continue
                 out.append((pod, f"device {key} is tainted {want.key}={want.value}:NoExecute"))
         self.evictor.want(out)
@@ -457,14 +435,14 @@ class RemediationController:
 
     # -- validation hooks ----------------------------------------------------------------
 
-    def _start_validations(self, facts: dict[DeviceKey, DeviceFacts], now: float) -> None:
+    def _start_validations(self, now: float) -> None:
         for key in self.engine.pending_validations(now):
             rule = self.engine.rule_of(key)
             check = rule.recovery.validate if rule is not None else None
             if check is None or key in self._validating:
                 continue
             self._validating.add(key)
-            node = facts[key].node if key in facts else ""
+            node = self._facts(key).node
             asyncio.get_running_loop().create_task(self._validate(key, node, check))
 
     async def _validate(self, key: DeviceKey, node: str, check: Validate) -> None:

@@ -1,7 +1,8 @@
 """PDB-aware eviction of pods that use NoExecute-tainted devices.
 
 Owns :class:`Evictor`: the controller tells it, on every pass, which pods should leave
-(:meth:`Evictor.want`) and which pods still exist (:meth:`Evictor.present`); it posts
+(:meth:`Evictor.want`) and which pods are gone (:meth:`Evictor.gone`, or all that
+still exist with :meth:`Evictor.present`); it posts
 ``pods/eviction`` requests so PodDisruptionBudgets decide, never deleting a pod itself.
 
 Limits: at most ``per_second`` evictions started per second (token bucket), at most
@@ -24,9 +25,9 @@ from lightkube import ApiError, AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
+from drahealth.core._cluster import Consumer
 from drahealth.core._policy import Eviction
 from drahealth.kube import Backoff
-from drahealth.remedy._view import Consumer
 
 __all__ = ["Evictor"]
 
@@ -87,6 +88,12 @@ class Evictor:
         for uid in list(self._disrupting):
             if uid not in alive:
                 del self._disrupting[uid]
+        self._wake.set()
+
+    def gone(self, uids: Iterable[str]) -> None:
+        """These pods no longer exist: those being evicted are done."""
+        for uid in uids:
+            self._disrupting.pop(uid, None)
         self._wake.set()
 
     @property
