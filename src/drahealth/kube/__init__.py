@@ -19,6 +19,7 @@ from ._client import (
     make_client,
     make_sync_client,
 )
+from ._events import make_event
 from ._ops import (
     apply,
     apply_status,
@@ -67,6 +68,7 @@ __all__ = [
     "is_not_found",
     "load_config",
     "make_client",
+    "make_event",
     "make_sync_client",
     "object_key",
     "patch_status",

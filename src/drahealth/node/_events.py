@@ -11,7 +11,6 @@ event, so a flapping device cannot flood the API server but the count stays true
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 import time
 import uuid
@@ -20,14 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightkube import AsyncClient
-from lightkube.models.core_v1 import EventSource, ObjectReference
-from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.core_v1 import ObjectReference
 from lightkube.resources.core_v1 import Event
 from lightkube.types import PatchType
 
 from drahealth._time import now_rfc3339
 from drahealth.core import Health
 from drahealth.core._records import ChangeReason, HealthChange
+from drahealth.kube import make_event
 
 __all__ = [
     "REASON_DEVICE_HEALTHY",
@@ -147,25 +146,22 @@ class EventRecorder:
         self, name: str, meta: Mapping[str, Any], event_type: str, reason: str, message: str
     ) -> None:
         assert self._client is not None
-        now = datetime.datetime.now(datetime.UTC)
-        event = Event(
-            metadata=ObjectMeta(name=name, namespace=meta.get("namespace", "default")),
-            involvedObject=ObjectReference(
+        event = make_event(
+            name=name,
+            namespace=meta.get("namespace", "default"),
+            involved=ObjectReference(
                 apiVersion="v1",
                 kind="Pod",
                 name=meta.get("name"),
                 namespace=meta.get("namespace"),
                 uid=meta.get("uid"),
             ),
+            event_type=event_type,
             reason=reason,
-            message=message[:1024],
-            type=event_type,
-            count=1,
-            firstTimestamp=now,
-            lastTimestamp=now,
-            source=EventSource(component=COMPONENT, host=self._node),
-            reportingComponent=COMPONENT,
-            reportingInstance=self._node,
+            message=message,
+            component=COMPONENT,
+            instance=self._node,
+            host=self._node,
         )
         try:
             await self._client.create(event)

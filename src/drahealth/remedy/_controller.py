@@ -42,9 +42,8 @@ from typing import Any
 
 import aiohttp
 from lightkube import ApiError, AsyncClient
-from lightkube.models.core_v1 import EventSource, ObjectReference
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap, Event, Pod
+from lightkube.models.core_v1 import ObjectReference
+from lightkube.resources.core_v1 import ConfigMap, Pod
 from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
@@ -54,7 +53,7 @@ from drahealth.core._cluster import ClusterModel, Consumer
 from drahealth.core._policy import DeviceFacts, Policy, Validate
 from drahealth.core._remedy_engine import RemedyEngine, Want
 from drahealth.core._taints import Taint
-from drahealth.kube import Reflector, as_dict, write_configmap_data
+from drahealth.kube import Reflector, as_dict, make_event, write_configmap_data
 from drahealth.remedy._evict import Evictor
 from drahealth.remedy._metrics import ControllerMetrics
 from drahealth.remedy._rules import (
@@ -522,20 +521,15 @@ class RemediationController:
             log.warning("writing the remediation history failed: %s", exc.status.message)
 
     async def _event(self, ref: ObjectReference, kind: str, reason: str, message: str) -> None:
-        now = datetime.datetime.now(datetime.UTC)
-        namespace = ref.namespace or self.namespace
-        event = Event(
-            metadata=ObjectMeta(name=f"{ref.name}.{uuid.uuid4().hex[:16]}", namespace=namespace),
-            involvedObject=ref,
+        event = make_event(
+            name=f"{ref.name}.{uuid.uuid4().hex[:16]}",
+            namespace=ref.namespace or self.namespace,
+            involved=ref,
+            event_type=kind,
             reason=reason,
-            message=message[:1024],
-            type=kind,
-            count=1,
-            firstTimestamp=now,
-            lastTimestamp=now,
-            source=EventSource(component=COMPONENT),
-            reportingComponent=COMPONENT,
-            reportingInstance=self.identity,
+            message=message,
+            component=COMPONENT,
+            instance=self.identity,
         )
         try:
             await self.client.create(event)

@@ -1,0 +1,55 @@
+"""core/v1 Events as drahealth components record them.
+
+Owns :func:`make_event`: one new Event about one object, shaped as the kubelet's event
+recorder writes it (``count`` 1, ``firstTimestamp`` = ``lastTimestamp`` = now, the
+message cut to 1024 characters, ``source`` and ``reportingComponent`` naming the
+writer). Creating it, folding repeats and logging failures stay with the caller.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from lightkube.models.core_v1 import EventSource, ObjectReference
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Event
+
+__all__ = ["EVENT_MESSAGE_MAX", "make_event"]
+
+#: Longest Event message, in characters (the kubelet's recorder cuts at 1024).
+EVENT_MESSAGE_MAX = 1024
+
+
+def make_event(
+    *,
+    name: str,
+    namespace: str,
+    involved: ObjectReference,
+    event_type: str,
+    reason: str,
+    message: str,
+    component: str,
+    instance: str,
+    host: str | None = None,
+    now: dt.datetime | None = None,
+) -> Event:
+    """A new Event ``name`` in ``namespace`` about ``involved``.
+
+    ``event_type`` is ``Normal`` or ``Warning``; ``component`` and ``host`` go in
+    ``source``, ``component`` and ``instance`` in ``reportingComponent`` and
+    ``reportingInstance``. ``now`` defaults to the wall clock.
+    """
+    when = now if now is not None else dt.datetime.now(dt.UTC)
+    return Event(
+        metadata=ObjectMeta(name=name, namespace=namespace),
+        involvedObject=involved,
+        reason=reason,
+        message=message[:EVENT_MESSAGE_MAX],
+        type=event_type,
+        count=1,
+        firstTimestamp=when,
+        lastTimestamp=when,
+        source=EventSource(component=component, host=host),
+        reportingComponent=component,
+        reportingInstance=instance,
+    )
