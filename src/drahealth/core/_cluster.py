@@ -521,6 +521,11 @@ class ClusterModel:
                 best = (pod_key, obs)
         return None if best is None else best[1]
 
+    def pod_observations(self, namespace: str, name: str) -> dict[DeviceKey, Observation]:
+        """What one pod's status says per device (worst entry per device)."""
+        pod = self._pods.get((namespace, name))
+        return {} if pod is None else dict(pod.observed)
+
     def facts(self, key: DeviceKey) -> DeviceFacts | None:
         """Driver, pool, node and attributes from the device's ResourceSlice."""
         names = self._device_slices.get(key)
