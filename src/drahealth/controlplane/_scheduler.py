@@ -41,6 +41,7 @@ from drahealth.controlplane._allocate import (
     devices_from_slices,
 )
 from drahealth.controlplane._loop import reconcile_loop
+from drahealth.core._cluster_pods import pod_claim_names
 from drahealth.core._taints import Taint, selects
 from drahealth.kube import Reflector, as_dict
 
@@ -147,17 +148,12 @@ class SchedulerStandIn:
     async def _claim_names(self, pod: JSON) -> dict[str, str] | None:
         """ref -> claim name, creating claims from templates; None while one is missing."""
         meta, status = pod["metadata"], pod.get("status") or {}
-        known = {
-            s.get("name"): s.get("resourceClaimName")
-            for s in status.get("resourceClaimStatuses") or []
-        }
+        known = pod_claim_names(pod)
         out: dict[str, str] = {}
         for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
             name = ref.get("name")
-            if ref.get("resourceClaimName"):
-                out[name] = ref["resourceClaimName"]
-            elif known.get(name):
-                out[name] = str(known[name])
+            if name in known:
+                out[name] = known[name]
             elif ref.get("resourceClaimTemplateName"):
                 template = self.templates.store.get(
                     meta["namespace"], ref["resourceClaimTemplateName"]

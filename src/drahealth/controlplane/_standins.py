@@ -34,7 +34,8 @@ from drahealth._aio import cancel_and_wait
 from drahealth.controlplane._allocate import Device, devices_from_slices
 from drahealth.controlplane._loop import reconcile_loop
 from drahealth.controlplane._scheduler import SchedulerStandIn, rule_taints
-from drahealth.core._taints import Taint, request_tolerations, selects, tolerated
+from drahealth.core._cluster_pods import pod_claim_names
+from drahealth.core._taints import Taint, eviction_due, request_tolerations, selects, tolerated
 from drahealth.kube import Reflector, as_dict
 
 __all__ = ["ReplicaSetStandIn", "StandIns", "TaintEvictionStandIn"]
@@ -133,15 +134,8 @@ class TaintEvictionStandIn:
     ) -> tuple[str, tuple[str, str, str], Taint] | None:
         """(why, device, taint) of the first taint that evicts ``pod``, or None."""
         meta = pod["metadata"]
-        names = {
-            s.get("name"): s.get("resourceClaimName")
-            for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
-        }
-        for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
-            claim_name = ref.get("resourceClaimName") or names.get(ref.get("name"))
-            claim = (
-                self.claims.store.get(meta["namespace"], str(claim_name)) if claim_name else None
-            )
+        for claim_name in pod_claim_names(pod).values():
+            claim = self.claims.store.get(meta["namespace"], claim_name)
             if claim is None:
                 continue
             c = as_dict(claim)
@@ -157,12 +151,15 @@ class TaintEvictionStandIn:
                     if not tolerated(t, tolerations):
                         why = f"device {'/'.join(key)} has the NoExecute taint {t.key}={t.value}"
                         return why, key, t
-                    seconds = _toleration_seconds(t, tolerations)
                     since = added.get((t.key, t.effect))
-                    if seconds is not None and since:
-                        start = datetime.datetime.fromisoformat(str(since).replace("Z", "+00:00"))
-                        if now >= start + datetime.timedelta(seconds=max(0, seconds)):
-                            return f"device {'/'.join(key)}: toleration of {t.key} expired", key, t
+                    start = (
+                        datetime.datetime.fromisoformat(str(since).replace("Z", "+00:00"))
+                        if since
+                        else None
+                    )
+                    due = eviction_due(t, tolerations, start.timestamp() if start else None)
+                    if due is not None and now.timestamp() >= due:
+                        return f"device {'/'.join(key)}: toleration of {t.key} expired", key, t
         return None
 
     async def _evict(self, pod: JSON, why: str) -> bool:
@@ -200,13 +197,6 @@ def _from_rule(rule: JSON, device: tuple[str, str, str], taint: Taint) -> bool:
     if (own.get("key"), own.get("effect")) != (taint.key, taint.effect):
         return False
     return selects(spec.get("deviceSelector"), *device)
-
-
-def _toleration_seconds(taint: Taint, tolerations: list[Any]) -> int | None:
-    for t in tolerations:
-        if tolerated(taint, [t]) and t.get("tolerationSeconds") is not None:
-            return int(t["tolerationSeconds"])
-    return None
 
 
 def _owned_by(pod: JSON, owner: JSON) -> bool:
