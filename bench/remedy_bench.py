@@ -10,7 +10,8 @@ controller lost its Lease (it must not: its renewals run on their own thread). O
 warm-up fault, not counted, waits out the controller's first pass over everything. Every
 wait has a timeout that fails with what it waited for and the controller's last output.
 
-Run: ``python bench/remedy_bench.py [--quick]`` (quick: 100 nodes, 500 pods).
+Run: ``python bench/remedy_bench.py [--quick] [--nodes N] [--pods M] [--faults K]``
+(default 1,000 nodes, 5,000 pods; quick: 100 nodes, 500 pods).
 """
 
 from __future__ import annotations
@@ -179,6 +180,13 @@ async def run(nodes: int, pods: int, faults: int) -> dict[str, float]:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true")
-    quick = parser.parse_args().quick
-    print(asyncio.run(run(100 if quick else 1000, 500 if quick else 5000, 50)))
+    parser.add_argument("--quick", action="store_true", help="100 nodes, 500 pods")
+    parser.add_argument("--nodes", type=int, default=None, help="nodes of 8 devices (1000)")
+    parser.add_argument("--pods", type=int, default=None, help="pods, one device each (5000)")
+    parser.add_argument("--faults", type=int, default=50, help="faults measured (50)")
+    args = parser.parse_args()
+    nodes = args.nodes or (100 if args.quick else 1000)
+    pods = args.pods or (500 if args.quick else 5000)
+    if pods > nodes * 8:
+        parser.error(f"--pods {pods} needs at least {(pods + 7) // 8} nodes of 8 devices")
+    print(asyncio.run(run(nodes, pods, args.faults)))
