@@ -71,7 +71,7 @@ def test_build_steps_install_a_working_entry_point(tmp_path: Path) -> None:
     out = subprocess.run([str(exe), "--version"], capture_output=True, text=True, check=True)
     assert "0.1.0" in out.stdout
     py = tmp_path / "env" / "bin" / "python"
-    probe = "import pynvml, drahealth.sources, drahealth.remedy.cli; print('ok')"
+    probe = "import pynvml, drahealth.sources, drahealth.cli.controller; print('ok')"
     assert subprocess.run([str(py), "-c", probe], capture_output=True, text=True,
                           check=True).stdout.strip() == "ok"  # fmt: skip
     dev = subprocess.run([str(py), "-c", "import pytest"], capture_output=True)

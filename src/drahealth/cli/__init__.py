@@ -1,8 +1,9 @@
 """The ``drahealth`` command line.
 
-One click group whose commands live next to the part they drive and are imported
-only when run, so ``drahealth --help`` stays fast and one part's imports cannot
-break another's command.
+One click group. Every command has its own module in this package, which sits on the
+top floor (it may import every part; no part imports it), and is imported only when
+run, so ``drahealth --help`` stays fast and one part's imports cannot break another's
+command.
 """
 
 from __future__ import annotations
@@ -16,18 +17,18 @@ from drahealth import __version__
 
 #: command name -> "module:attribute" of its click command.
 COMMANDS: dict[str, str] = {
-    "agent": "drahealth.node.cli:agent_command",
-    "apiserver": "drahealth.controlplane.cli:apiserver_command",
-    "controller": "drahealth.remedy.cli:controller_command",
-    "dashboard": "drahealth.web.cli:dashboard_command",
+    "agent": "drahealth.cli.agent:agent_command",
+    "apiserver": "drahealth.cli.apiserver:apiserver_command",
+    "controller": "drahealth.cli.controller:controller_command",
+    "dashboard": "drahealth.cli.dashboard:dashboard_command",
     "demo": "drahealth.cli.demo:demo_command",
-    "driver": "drahealth.driver.cli:driver_command",
+    "driver": "drahealth.cli.driver:driver_command",
     "history": "drahealth.cli.views:history_command",
-    "inject": "drahealth.driver.inject_cli:inject_command",
+    "inject": "drahealth.cli.inject:inject_command",
     "pods": "drahealth.cli.views:pods_command",
     "status": "drahealth.cli.views:status_command",
-    "taint": "drahealth.remedy.taint_cli:taint_command",
-    "untaint": "drahealth.remedy.taint_cli:untaint_command",
+    "taint": "drahealth.cli.taint:taint_command",
+    "untaint": "drahealth.cli.taint:untaint_command",
     "watch": "drahealth.cli.views:watch_command",
 }
 

@@ -26,7 +26,7 @@ from lightkube.resources.resource_v1 import ResourceSlice
 
 from drahealth._aio import cancel_and_wait
 from drahealth.controlplane import APIServer
-from drahealth.core._policy import Policy
+from drahealth.core import Policy
 from drahealth.kube import make_client
 
 __all__ = ["DRIVER", "LocalCluster", "NodeProcesses"]
@@ -83,7 +83,7 @@ class LocalCluster:
 
     async def start(self, timeout: float = 30.0) -> None:  # noqa: ASYNC109
         from drahealth.controlplane import StandIns
-        from drahealth.remedy._controller import RemediationController
+        from drahealth.remedy import RemediationController
 
         await self.server.start(host="127.0.0.1", port=self.port)
         self.server.write_kubeconfig(self.kubeconfig)

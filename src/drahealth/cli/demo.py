@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import signal
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -29,8 +28,9 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim
 from rich.console import Console
 
+from drahealth._aio import on_stop_signals
 from drahealth.cli._cluster import DRIVER, LocalCluster
-from drahealth.remedy._policy_load import parse_policy
+from drahealth.remedy import parse_policy
 
 console = Console(highlight=False)
 T = TypeVar("T")
@@ -287,6 +287,8 @@ async def run_demo(
     cluster = LocalCluster(workdir, policy, nodes=nodes, port=port)
     timeline = Timeline()
     dashboard: Dashboard | None = None
+    # once the demo runs, a stop signal also covers the clean-up below
+    signals = contextlib.ExitStack()
     try:
         t0 = time.monotonic()
         await cluster.start()
@@ -317,9 +319,7 @@ async def run_demo(
         await deploy(cluster, timeline)
         first = cluster.nodes[0]
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        signals.enter_context(on_stop_signals(stop.set))
         console.print(
             "running; inject a fault with:\n"
             f"  drahealth inject --state-dir {first.driver_state} gpu-0 unhealthy "
@@ -338,6 +338,7 @@ async def run_demo(
         await cluster.stop()
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
+        signals.close()
 
 
 @click.command()

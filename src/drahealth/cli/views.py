@@ -216,7 +216,7 @@ def history_command(
     kubeconfig: str | None, device: str, controller_namespace: str, output: str
 ) -> None:
     """What happened to one device: controller actions and Events, oldest first."""
-    from drahealth.remedy._controller import HISTORY_CONFIGMAP
+    from drahealth.remedy import HISTORY_CONFIGMAP
     from drahealth.remedy._rules import RuleError, parse_device
 
     try:

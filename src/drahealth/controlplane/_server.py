@@ -25,6 +25,7 @@ import msgspec
 import yaml
 from aiohttp import web
 
+from drahealth._aio import on_stop_signals
 from drahealth._http_guard import HTTPGuard, HTTPLimits
 
 from . import _decode, _protobuf, _resources, _status
@@ -732,23 +733,17 @@ async def serve_forever(
     allowed_hosts: tuple[str, ...] = (),
 ) -> None:
     """Run an API server until SIGINT/SIGTERM; prints ``listening on URL`` once ready."""
-    import signal
-
     server = APIServer(data_file=data, allowed_hosts=allowed_hosts)
     await server.start(host=host, port=port)
     if kubeconfig_out is not None:
         server.write_kubeconfig(kubeconfig_out)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    print(f"listening on {server.url}", flush=True)
-    try:
-        await stop.wait()
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        await server.stop()
+    with on_stop_signals(stop.set):
+        print(f"listening on {server.url}", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await server.stop()
 
 
 __all__ = ["APIServer", "serve_forever"]

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from drahealth.driver._slices import DriverResources, Pool, SliceValidationError
     from drahealth.driver._taints import TaintController, TaintPolicy, TaintStore
     from drahealth.driver._types import (
+        DEFAULT_CDI_DIR,
         AllocationResult,
         CheckpointError,
         ClaimError,
@@ -62,6 +63,7 @@ _EXPORTS: dict[str, str] = {
     "TaintController": "drahealth.driver._taints",
     "TaintPolicy": "drahealth.driver._taints",
     "TaintStore": "drahealth.driver._taints",
+    "DEFAULT_CDI_DIR": "drahealth.driver._types",
     "AllocationResult": "drahealth.driver._types",
     "CheckpointError": "drahealth.driver._types",
     "ClaimError": "drahealth.driver._types",
@@ -78,6 +80,7 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "DEFAULT_CDI_DIR",
     "OPERATOR_SOURCE",
     "AllocationResult",
     "CheckpointError",

@@ -4,7 +4,8 @@ Everything goes through a lightkube client built by :func:`make_client` (async) 
 :func:`make_sync_client` (CLI): against the embedded API server, a kubeconfig, or
 in-cluster. :class:`Reflector` keeps a typed, event-emitting cache of one kind
 (LIST/WATCH, bookmarks, 410 relist, backoff). ``_ops`` has the write helpers
-(status patches, server-side apply, conflict retry) and error predicates.
+(status patches, server-side apply, conflict retry) and error predicates;
+:class:`LeaderElector` campaigns for a Lease.
 
 Knows nothing of the packages above it (driver, node, remedy, controlplane, cli, web).
 """
@@ -20,6 +21,7 @@ from ._client import (
     make_sync_client,
 )
 from ._events import make_event
+from ._leader import LeaderElector
 from ._ops import (
     apply,
     apply_status,
@@ -53,6 +55,7 @@ __all__ = [
     "Backoff",
     "EventStream",
     "KubeConfigError",
+    "LeaderElector",
     "ObjectCache",
     "Reflector",
     "ReflectorEvent",

@@ -6,3 +6,34 @@ the agent that ties them to the API server (kubelet mode) or runs beside a real
 kubelet (observer mode). The sans-I/O rules (health cache, status builder) live in
 ``drahealth.core``. See docs/agent.md.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from drahealth.node._agent import NodeAgent
+    from drahealth.node._config import AgentConfig
+
+#: public name -> module that defines it; imported on first use (PEP 562), so a part
+#: that only needs the settings does not load gRPC and the Kubernetes client.
+_EXPORTS: dict[str, str] = {
+    "AgentConfig": "drahealth.node._config",
+    "NodeAgent": "drahealth.node._agent",
+}
+
+__all__ = ["AgentConfig", "NodeAgent"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

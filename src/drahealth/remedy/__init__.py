@@ -1,1 +1,96 @@
-"""The remediation controller: policy -> DeviceTaintRule / eviction -> verified untaint."""
+"""The remediation controller: policy -> DeviceTaintRule / eviction -> verified untaint.
+
+Names are imported on first use (PEP 562): importing the package, or one of its
+small modules, does not load the controller and the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from drahealth.remedy._controller import HISTORY_CONFIGMAP, RemediationController
+    from drahealth.remedy._evict import Evictor
+    from drahealth.remedy._metrics import ControllerMetrics
+    from drahealth.remedy._operator import apply_taint, names_device, remove_taints
+    from drahealth.remedy._policy_load import load_policy, parse_policy
+    from drahealth.remedy._rules import (
+        CONTROLLER_LABEL,
+        DEFAULT_TAINT_KEY,
+        EFFECTS,
+        MANAGED_BY,
+        OPERATOR_LABEL,
+        DeviceRef,
+        RuleError,
+        created_by,
+        is_ours,
+        parse_device,
+        rule_body,
+        rule_name,
+        validate_taint,
+    )
+
+#: public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    "HISTORY_CONFIGMAP": "drahealth.remedy._controller",
+    "RemediationController": "drahealth.remedy._controller",
+    "Evictor": "drahealth.remedy._evict",
+    "ControllerMetrics": "drahealth.remedy._metrics",
+    "apply_taint": "drahealth.remedy._operator",
+    "names_device": "drahealth.remedy._operator",
+    "remove_taints": "drahealth.remedy._operator",
+    "load_policy": "drahealth.remedy._policy_load",
+    "parse_policy": "drahealth.remedy._policy_load",
+    "CONTROLLER_LABEL": "drahealth.remedy._rules",
+    "DEFAULT_TAINT_KEY": "drahealth.remedy._rules",
+    "EFFECTS": "drahealth.remedy._rules",
+    "MANAGED_BY": "drahealth.remedy._rules",
+    "OPERATOR_LABEL": "drahealth.remedy._rules",
+    "DeviceRef": "drahealth.remedy._rules",
+    "RuleError": "drahealth.remedy._rules",
+    "created_by": "drahealth.remedy._rules",
+    "is_ours": "drahealth.remedy._rules",
+    "parse_device": "drahealth.remedy._rules",
+    "rule_body": "drahealth.remedy._rules",
+    "rule_name": "drahealth.remedy._rules",
+    "validate_taint": "drahealth.remedy._rules",
+}
+
+__all__ = [
+    "CONTROLLER_LABEL",
+    "DEFAULT_TAINT_KEY",
+    "EFFECTS",
+    "HISTORY_CONFIGMAP",
+    "MANAGED_BY",
+    "OPERATOR_LABEL",
+    "ControllerMetrics",
+    "DeviceRef",
+    "Evictor",
+    "RemediationController",
+    "RuleError",
+    "apply_taint",
+    "created_by",
+    "is_ours",
+    "load_policy",
+    "names_device",
+    "parse_device",
+    "parse_policy",
+    "remove_taints",
+    "rule_body",
+    "rule_name",
+    "validate_taint",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -16,7 +16,7 @@ from lightkube.types import PatchType
 
 from drahealth.web import Dashboard
 from tests.integration.cli.test_views import NODE, D, scenario
-from tests.integration.kube.conftest import client, server
+from tests.integration.kube.conftest import api_server_options, client
 
 __all__ = ["client", "server"]
 
@@ -168,7 +168,7 @@ async def test_token_guards_every_route_and_enables_taint_untaint(client: AsyncC
 def test_token_file_errors_are_named(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from drahealth.web.cli import dashboard_command
+    from drahealth.cli.dashboard import dashboard_command
 
     short = tmp_path / "short"
     short.write_text("abc\n")

@@ -27,7 +27,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from drahealth import api
-from drahealth.driver import _sample, cli
+from drahealth.cli import driver as cli
+from drahealth.driver import _sample
 from drahealth.driver._control import control_socket_path, request
 
 pytestmark = pytest.mark.timeout(30)

@@ -1,4 +1,4 @@
-"""The ``drahealth driver`` command (``drahealth inject`` lives in ``inject_cli``).
+"""The ``drahealth driver`` command (``drahealth inject`` lives in ``drahealth.cli.inject``).
 
 ``driver_command`` runs the sample driver (``_sample.SampleDriverApp``) in the
 foreground. This module only parses options, prints, and turns errors into exit
@@ -15,13 +15,13 @@ import click
 
 from drahealth import api
 from drahealth.cli._options import IN_CLUSTER, METRICS_HOST
+from drahealth.driver import DEFAULT_CDI_DIR, CheckpointError
 from drahealth.driver._sample import (
     DEFAULT_DRIVER_NAMES,
     PROFILES,
     SampleDriverApp,
     SampleDriverConfig,
 )
-from drahealth.driver._types import DEFAULT_CDI_DIR, CheckpointError
 from drahealth.kube import KubeConfigError
 
 __all__ = ["driver_command"]

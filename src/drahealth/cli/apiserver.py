@@ -1,8 +1,8 @@
 """The ``drahealth apiserver`` command: run the embedded API server in the foreground.
 
 Prints exactly ``listening on http://127.0.0.1:PORT`` once it accepts connections and
-stops cleanly on SIGINT/SIGTERM. The lead wires ``apiserver_command`` into the main
-CLI group; ``python -m drahealth.controlplane`` runs it standalone. With ``--data``
+stops cleanly on SIGINT/SIGTERM. ``python -m drahealth.controlplane`` runs the same
+command standalone. With ``--data``
 every write is durable before it is answered; exits 1 with the reason when the data
 file cannot be loaded, or when persistence is failing at shutdown.
 """
@@ -15,9 +15,9 @@ from pathlib import Path
 import click
 
 from drahealth._http_guard import check_allowed_hosts
+from drahealth.controlplane import DataFileError, serve_forever
 
-from ._persist import DataFileError
-from ._server import serve_forever
+__all__ = ["apiserver_command"]
 
 
 @click.command("apiserver")

@@ -3,7 +3,7 @@
 Owns the command: loads and validates the policy (exit 2 naming the file and field
 when it is wrong), builds the API client, then campaigns for the Lease
 ``<namespace>/drahealth-controller``; while leading it runs
-:class:`~drahealth.remedy._controller.RemediationController`. Prints ``ready: <id>``
+:class:`~drahealth.remedy.RemediationController`. Prints ``ready: <id>``
 once campaigning and ``leading: <id>`` / ``standby: <id>`` on each change; SIGTERM or
 SIGINT stops the work first, then releases the Lease (exit 0).
 """
@@ -13,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import signal
 import socket
 
 import click
 
+from drahealth._aio import on_stop_signals
 from drahealth.cli._options import METRICS_HOST
-from drahealth.core._policy import Policy, PolicyError
+from drahealth.core import Policy, PolicyError
 from drahealth.kube import KubeConfigError
 
 __all__ = ["controller_command"]
@@ -66,7 +66,7 @@ def controller_command(
     metrics_host: str,
 ) -> None:
     """Run the remediation controller: device health -> taints -> evictions -> untaint."""
-    from drahealth.remedy._policy_load import load_policy
+    from drahealth.remedy import load_policy
 
     try:
         policy = load_policy(policy_file)
@@ -94,10 +94,8 @@ async def _run(
     metrics: tuple[str, int | None],
 ) -> None:
     from drahealth._metrics_http import MetricsServer
-    from drahealth.kube import make_client
-    from drahealth.kube._leader import LeaderElector
-    from drahealth.remedy._controller import RemediationController
-    from drahealth.remedy._metrics import ControllerMetrics
+    from drahealth.kube import LeaderElector, make_client
+    from drahealth.remedy import ControllerMetrics, RemediationController
 
     client = make_client(kubeconfig, field_manager="drahealth-controller")
     metrics_host, metrics_port = metrics
@@ -131,15 +129,13 @@ async def _run(
             click.echo(f"standby: {identity}")
 
     task = asyncio.create_task(elector.run(lead))
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, task.cancel)
-    click.echo(f"ready: {identity}")
-    try:
-        await task
-    except asyncio.CancelledError:
-        pass
-    finally:
-        if server is not None:
-            await server.stop()
-        await client.close()
+    with on_stop_signals(task.cancel):
+        click.echo(f"ready: {identity}")
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        finally:
+            if server is not None:
+                await server.stop()
+            await client.close()

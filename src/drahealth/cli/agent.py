@@ -1,6 +1,6 @@
 """The ``drahealth agent`` command: run the node agent in the foreground.
 
-Parses options into an :class:`~drahealth.node._agent.AgentConfig`, builds the API
+Parses options into an :class:`~drahealth.node.AgentConfig`, builds the API
 client, runs the agent until SIGTERM/SIGINT, and turns start-up errors into exit
 code 1 with a message naming the problem (2 for usage errors, from click). Prints
 ``ready: <registry dir>`` once the agent watches for plugins.
@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-import signal
 import socket
 
 import click
 
 from drahealth import api
+from drahealth._aio import on_stop_signals
 from drahealth.cli._options import IN_CLUSTER, METRICS_HOST
 from drahealth.kube import KubeConfigError
 
@@ -171,7 +171,7 @@ def agent_command(
     probe_interval: float,
 ) -> None:
     """Run the node agent: the kubelet's DRA device-health pipeline."""
-    from drahealth.node._agent import AgentConfig
+    from drahealth.node import AgentConfig
 
     if mode == "kubelet" and not kubeconfig and not in_cluster:
         raise click.UsageError("kubelet mode needs API access: --kubeconfig or --in-cluster")
@@ -205,7 +205,7 @@ def agent_command(
 
 
 async def _run(config: object, kubeconfig: str | None, in_cluster: bool) -> None:
-    from drahealth.node._agent import AgentConfig, NodeAgent
+    from drahealth.node import AgentConfig, NodeAgent
 
     assert isinstance(config, AgentConfig)
     client = None
@@ -216,20 +216,18 @@ async def _run(config: object, kubeconfig: str | None, in_cluster: bool) -> None
     os.makedirs(config.registry_dir, exist_ok=True)
     agent = NodeAgent(config, client, say=click.echo)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await agent.start()
-        for problem in agent.problems:
-            click.echo(f"warning: {problem}", err=True)
-        # what was built at start lives as long as the process: take it out of the
-        # collector's scans, so a full collection cannot stall a health update
-        gc.collect()
-        gc.freeze()
-        click.echo(f"ready: {config.registry_dir}")
-        await stop.wait()
-    finally:
-        await agent.stop()
-        if client is not None:
-            await client.close()
+    with on_stop_signals(stop.set):
+        try:
+            await agent.start()
+            for problem in agent.problems:
+                click.echo(f"warning: {problem}", err=True)
+            # what was built at start lives as long as the process: take it out of the
+            # collector's scans, so a full collection cannot stall a health update
+            gc.collect()
+            gc.freeze()
+            click.echo(f"ready: {config.registry_dir}")
+            await stop.wait()
+        finally:
+            await agent.stop()
+            if client is not None:
+                await client.close()

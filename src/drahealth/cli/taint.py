@@ -1,6 +1,7 @@
 """``drahealth taint`` / ``drahealth untaint``: the kubectl-taint UX for one DRA device.
 
-Owns the two commands (the API work is :mod:`drahealth.remedy._operator`). ``taint``
+Owns the two commands (the API work is :func:`drahealth.remedy.apply_taint` and
+:func:`drahealth.remedy.remove_taints`). ``taint``
 creates (or updates, or leaves unchanged) the operator's DeviceTaintRule for a device
 and taint key; ``untaint`` deletes the rules drahealth created for that device and key
 (the operator's and the controller's), never a rule someone else created. Exit codes:
@@ -19,12 +20,13 @@ from lightkube import AsyncClient
 
 from drahealth._api_failures import CommandError, api_failures, load_checked
 from drahealth.kube import make_client
-from drahealth.remedy._operator import apply_taint, remove_taints
-from drahealth.remedy._rules import (
+from drahealth.remedy import (
     EFFECTS,
     DeviceRef,
     RuleError,
+    apply_taint,
     parse_device,
+    remove_taints,
     rule_body,
     validate_taint,
 )

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 
 import click
 
 from drahealth._agent_records import DEFAULT_NAMESPACE
+from drahealth._aio import wait_for_stop_signal
 from drahealth._api_failures import CommandError, api_failures, load_checked
 from drahealth._http_guard import check_allowed_hosts
 
@@ -108,11 +108,7 @@ async def _run(
                 reason = reason[:1].lower() + reason[1:]
                 raise CommandError(f"cannot serve on {host}:{port}: {reason}") from exc
             click.echo(f"dashboard: {url}")
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
-            await stop.wait()
+            await wait_for_stop_signal()
         finally:
             await dashboard.stop()
     finally:
