@@ -19,11 +19,8 @@ JSON_CT = {"Content-Type": "application/json"}
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[APIServer]:
-    srv = APIServer(bookmark_interval=0.1)
-    await srv.start()
-    yield srv
-    await srv.stop()
+def api_server_options() -> dict[str, Any]:
+    return {"bookmark_interval": 0.1}
 
 
 @pytest.fixture

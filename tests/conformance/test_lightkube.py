@@ -19,14 +19,6 @@ from drahealth.controlplane import APIServer
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[APIServer]:
-    srv = APIServer()
-    await srv.start()
-    yield srv
-    await srv.stop()
-
-
-@pytest.fixture
 async def client(server: APIServer, tmp_path: Path) -> AsyncIterator[AsyncClient]:
     config = KubeConfig.from_file(server.write_kubeconfig(tmp_path / "kubeconfig"))
     c = AsyncClient(config=config)

@@ -45,11 +45,8 @@ CONFIGMAPS = lookup("", "v1", "configmaps")
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[APIServer]:
-    srv = APIServer(bookmark_interval=60.0)
-    await srv.start()
-    yield srv
-    await srv.stop()
+def api_server_options() -> dict[str, Any]:
+    return {"bookmark_interval": 60.0}
 
 
 @pytest.fixture

@@ -41,9 +41,9 @@ from drahealth._text import printable
 from drahealth.controlplane import APIServer
 from drahealth.web import Dashboard
 from tests.integration.cli.test_views import NODE, D, run, scenario
-from tests.integration.kube.conftest import client, eventually, server
+from tests.integration.kube.conftest import api_server_options, client, eventually
 
-__all__ = ["client", "server"]
+__all__ = ["api_server_options", "client"]
 
 RECORD = f"drahealth-devices-{NODE}"
 HOSTILE = (

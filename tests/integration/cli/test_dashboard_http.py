@@ -18,7 +18,7 @@ from drahealth.web import Dashboard
 from tests.integration.cli.test_views import NODE, D, scenario
 from tests.integration.kube.conftest import api_server_options, client
 
-__all__ = ["client", "server"]
+__all__ = ["api_server_options", "client"]
 
 
 async def test_state_events_history_and_bad_input(client: AsyncClient) -> None:

@@ -25,9 +25,9 @@ from drahealth.controlplane import APIServer
 from drahealth.core import Health
 from drahealth.driver._hub import DeviceReport, HealthHub
 from drahealth.remedy._rules import DeviceRef, rule_body
-from tests.integration.kube.conftest import client, server
+from tests.integration.kube.conftest import api_server_options, client
 
-__all__ = ["client", "server"]
+__all__ = ["api_server_options", "client"]
 
 BIN = Path(sys.executable).with_name("drahealth")
 D, NODE = "gpu.example.com", "node-1"

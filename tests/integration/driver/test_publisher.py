@@ -32,14 +32,6 @@ T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[APIServer]:
-    srv = APIServer()
-    await srv.start(port=0)
-    yield srv
-    await srv.stop()
-
-
-@pytest.fixture
 async def client(server: APIServer) -> AsyncIterator[AsyncClient]:
     c = make_client(server_url=server.url)
     yield c

@@ -26,9 +26,9 @@ from drahealth.core._policy import Policy
 from drahealth.remedy._controller import HISTORY_CONFIGMAP, RemediationController
 from drahealth.remedy._policy_load import parse_policy
 from drahealth.remedy._rules import DeviceRef, rule_body
-from tests.integration.kube.conftest import client, server
+from tests.integration.kube.conftest import api_server_options, client
 
-__all__ = ["client", "server"]
+__all__ = ["api_server_options", "client"]
 
 pytestmark = pytest.mark.timeout(60)
 

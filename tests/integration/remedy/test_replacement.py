@@ -29,10 +29,10 @@ from lightkube.resources.resource_v1 import (
 
 from drahealth.controlplane._standins import StandIns
 from drahealth.remedy._controller import RemediationController
-from tests.integration.kube.conftest import client, server
+from tests.integration.kube.conftest import api_server_options, client
 from tests.integration.remedy.test_controller import policy, set_health
 
-__all__ = ["client", "server"]
+__all__ = ["api_server_options", "client"]
 
 pytestmark = pytest.mark.timeout(60)
 
