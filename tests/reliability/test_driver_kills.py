@@ -54,8 +54,8 @@ from lightkube.resources.core_v1 import Node
 from drahealth import api
 from drahealth.controlplane import APIServer
 from drahealth.driver._checkpoint import Checkpoint, ClaimEntry, ClaimState
-from drahealth.driver._control import request
 from drahealth.kube import make_client
+from drahealth.simdriver import request
 from tests.integration.driver.test_sample_driver import (
     DRIVER,
     NODE,

@@ -1,6 +1,6 @@
 """The ``drahealth driver`` command (``drahealth inject`` lives in ``drahealth.cli.inject``).
 
-``driver_command`` runs the sample driver (``_sample.SampleDriverApp``) in the
+``driver_command`` runs the sample driver (:class:`drahealth.simdriver.SampleDriverApp`) in the
 foreground. This module only parses options, prints, and turns errors into exit
 codes: 0 on success, 1 when the driver could not start, 2 for usage errors (click).
 """
@@ -16,13 +16,13 @@ import click
 from drahealth import api
 from drahealth.cli._options import IN_CLUSTER, METRICS_HOST
 from drahealth.driver import DEFAULT_CDI_DIR, CheckpointError
-from drahealth.driver._sample import (
+from drahealth.kube import KubeConfigError
+from drahealth.simdriver import (
     DEFAULT_DRIVER_NAMES,
     PROFILES,
     SampleDriverApp,
     SampleDriverConfig,
 )
-from drahealth.kube import KubeConfigError
 
 __all__ = ["driver_command"]
 

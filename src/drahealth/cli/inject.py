@@ -1,7 +1,7 @@
 """``drahealth inject``: the fault injector's command line.
 
 Owns only the command; it talks to a running ``drahealth driver`` through
-``drahealth.driver._control_client`` and imports nothing else of the driver, so
+the simulated driver's control client and imports nothing else of it, so
 scripts that inject many faults do not pay for the driver's imports on every call.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from drahealth.driver._control_client import (
+from drahealth.simdriver import (
     ACTIONS,
     ControlError,
     control_socket_path,

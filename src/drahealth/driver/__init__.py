@@ -7,9 +7,9 @@ dra-health v1 and v1alpha1; :class:`ResourceSlicePublisher` publishes the driver
 devices, split at the API limits; :class:`TaintController` turns latched faults into
 device taints. See docs/driver.md.
 
-Names are imported on first use (PEP 562), so importing one submodule, such as the
-standard-library-only control client behind ``drahealth inject``, does not load
-gRPC and the Kubernetes client.
+Names are imported on first use (PEP 562), so importing one submodule does not load
+gRPC and the Kubernetes client. The simulated driver built on this toolkit is a
+separate program, ``drahealth.simdriver``.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ if TYPE_CHECKING:
         HealthHub,
         RecoveryPolicy,
     )
+    from drahealth.driver._metrics import DriverMetrics
     from drahealth.driver._plugin import PluginHandle, install_signal_handlers, start
     from drahealth.driver._publisher import ResourceSlicePublisher
-    from drahealth.driver._slices import DriverResources, Pool, SliceValidationError
+    from drahealth.driver._slices import DriverResources, Pool, SliceValidationError, split_pool
     from drahealth.driver._taints import TaintController, TaintPolicy, TaintStore
     from drahealth.driver._types import (
         DEFAULT_CDI_DIR,
@@ -53,6 +54,7 @@ _EXPORTS: dict[str, str] = {
     "DeviceState": "drahealth.driver._hub",
     "HealthHub": "drahealth.driver._hub",
     "RecoveryPolicy": "drahealth.driver._hub",
+    "DriverMetrics": "drahealth.driver._metrics",
     "PluginHandle": "drahealth.driver._plugin",
     "install_signal_handlers": "drahealth.driver._plugin",
     "start": "drahealth.driver._plugin",
@@ -60,6 +62,7 @@ _EXPORTS: dict[str, str] = {
     "DriverResources": "drahealth.driver._slices",
     "Pool": "drahealth.driver._slices",
     "SliceValidationError": "drahealth.driver._slices",
+    "split_pool": "drahealth.driver._slices",
     "TaintController": "drahealth.driver._taints",
     "TaintPolicy": "drahealth.driver._taints",
     "TaintStore": "drahealth.driver._taints",
@@ -89,6 +92,7 @@ __all__ = [
     "DeviceReport",
     "DeviceState",
     "Driver",
+    "DriverMetrics",
     "DriverResources",
     "ErrorKind",
     "HealthHub",
@@ -107,6 +111,7 @@ __all__ = [
     "TaintPolicy",
     "TaintStore",
     "install_signal_handlers",
+    "split_pool",
     "start",
     "validate_driver_name",
 ]

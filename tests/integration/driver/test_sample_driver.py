@@ -26,10 +26,9 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from drahealth import api
+from drahealth import api, simdriver
 from drahealth.cli import driver as cli
-from drahealth.driver import _sample
-from drahealth.driver._control import control_socket_path, request
+from drahealth.simdriver import control_socket_path, request
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -261,12 +260,12 @@ def health_is(device: str, health: int) -> Callable[[Any], bool]:
 
 
 def test_cli_profiles_match_the_sample() -> None:
-    assert cli.PROFILES == _sample.PROFILES
+    assert cli.PROFILES == simdriver.PROFILES
 
 
 async def test_registration_sockets_and_clean_sigterm(launch: Callable[..., Any]) -> None:
     d: DriverProcess = await launch()
-    assert _sample.NO_KUBECONFIG_MESSAGE in d.output.splitlines()
+    assert simdriver.NO_KUBECONFIG_MESSAGE in d.output.splitlines()
     async with grpc.aio.insecure_channel(f"unix://{d.registrar_socket}") as ch:
         info = await api.registration_grpc.RegistrationStub(ch).GetInfo(
             api.registration.InfoRequest()

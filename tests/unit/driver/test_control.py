@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from drahealth.core import Health
-from drahealth.driver._control import (
+from drahealth.driver._hub import DeviceReport, HealthHub
+from drahealth.simdriver import (
     INJECT_SOURCE,
     MAX_LINE_BYTES,
     ControlError,
@@ -26,7 +27,6 @@ from drahealth.driver._control import (
     handle_request,
     request,
 )
-from drahealth.driver._hub import DeviceReport, HealthHub
 
 pytestmark = pytest.mark.timeout(10)
 

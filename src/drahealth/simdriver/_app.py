@@ -1,4 +1,5 @@
-"""The sample driver: simulated device profiles wired to every piece of the toolkit.
+"""The sample driver program: simulated device profiles wired to every piece of the
+driver toolkit.
 
 Owns the two profiles modelled on dra-example-driver (reference/driver-side.md 2):
 
@@ -19,7 +20,7 @@ effects; the toolkit adds CDI ids; a device latched Unhealthy in the hub fails w
 ``PERMANENT_DEVICE`` error), :class:`SimulatedHealthSource` (every device Healthy,
 re-reported as a heartbeat) and :class:`SampleDriverApp`, which assembles hub, plugin,
 control socket, metrics and (with API access) ResourceSlice publisher and taints.
-The CLI (``cli``) only parses options and prints.
+The command (``drahealth.cli.driver``) only parses options and prints.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,23 +45,30 @@ from lightkube.models.resource_v1 import (
     DeviceCounterConsumption,
 )
 
-from drahealth._aio import cancel_and_wait
+from drahealth._aio import cancel_and_wait, on_stop_signals
+from drahealth._metrics_http import MetricsServer
 from drahealth.core import Health
-from drahealth.driver._control import ControlServer, control_socket_path
-from drahealth.driver._hub import DeviceReport, HealthHub
-from drahealth.driver._metrics import DriverMetrics, MetricsServer
-from drahealth.driver._plugin import PluginHandle, start
-from drahealth.driver._publisher import ResourceSlicePublisher
-from drahealth.driver._slices import DriverResources, Pool, split_pool
-from drahealth.driver._taints import TaintController, TaintPolicy, TaintStore
-from drahealth.driver._types import (
+from drahealth.driver import (
     ClaimRef,
+    DeviceReport,
+    DriverMetrics,
+    DriverResources,
     ErrorKind,
+    HealthHub,
+    PluginHandle,
     PluginOptions,
+    Pool,
     PreparedClaimRequest,
     PreparedDevice,
     PrepareResult,
+    ResourceSlicePublisher,
+    TaintController,
+    TaintPolicy,
+    TaintStore,
+    split_pool,
+    start,
 )
+from drahealth.simdriver._control import ControlServer, control_socket_path
 
 if TYPE_CHECKING:
     from drahealth.sources import PciSource
@@ -553,14 +560,9 @@ class SampleDriverApp:
 
     async def run(self) -> None:
         """Start, serve until SIGTERM/SIGINT (or the plugin stops), then stop."""
-        loop = asyncio.get_running_loop()
-        signals = (signal.SIGTERM, signal.SIGINT)
-        for sig in signals:
-            loop.add_signal_handler(sig, self.request_stop)
-        try:
-            await self.start()
-            await self.wait()
-        finally:
-            for sig in signals:
-                loop.remove_signal_handler(sig)
-            await self.stop()
+        with on_stop_signals(self.request_stop):
+            try:
+                await self.start()
+                await self.wait()
+            finally:
+                await self.stop()

@@ -46,7 +46,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from drahealth.core import Health
-from drahealth.driver._control_client import (
+from drahealth.driver import DeviceReport, DeviceState, HealthHub
+from drahealth.simdriver._control_client import (
     ACTIONS,
     CONTROL_SOCKET_NAME,
     MAX_LINE_BYTES,
@@ -56,7 +57,6 @@ from drahealth.driver._control_client import (
     request,
     request_sync,
 )
-from drahealth.driver._hub import DeviceReport, DeviceState, HealthHub
 
 __all__ = [
     "ACTIONS",

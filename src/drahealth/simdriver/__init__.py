@@ -1,0 +1,125 @@
+"""The simulated DRA driver: a program built on the driver toolkit, not part of it.
+
+Owns the sample driver (simulated GPU and NIC profiles and the host's PCI functions,
+wired to every piece of ``drahealth.driver``) and its fault-injection control socket
+(server and standard-library-only client). ``drahealth driver`` runs it and
+``drahealth inject`` talks to it.
+
+Names are imported on first use (PEP 562), so the control client behind
+``drahealth inject`` loads neither gRPC nor the Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from drahealth.simdriver._app import (
+        DEFAULT_DRIVER_NAMES,
+        NO_KUBECONFIG_MESSAGE,
+        PREPARE_FAULT_SOURCE,
+        PROFILES,
+        SIM_SOURCE,
+        TAINT_STORE_NAME,
+        SampleDriver,
+        SampleDriverApp,
+        SampleDriverConfig,
+        SimulatedHealthSource,
+        build_resources,
+        device_uuid,
+        sim_gpu_pool,
+        sim_nic_pool,
+    )
+    from drahealth.simdriver._control import (
+        INJECT_SOURCE,
+        ControlServer,
+        handle_line,
+        handle_request,
+    )
+    from drahealth.simdriver._control_client import (
+        ACTIONS,
+        CONTROL_SOCKET_NAME,
+        MAX_LINE_BYTES,
+        ControlError,
+        control_socket_path,
+        encode_line,
+        request,
+        request_sync,
+    )
+
+_APP = "drahealth.simdriver._app"
+_CONTROL = "drahealth.simdriver._control"
+_CLIENT = "drahealth.simdriver._control_client"
+
+#: public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    "DEFAULT_DRIVER_NAMES": _APP,
+    "NO_KUBECONFIG_MESSAGE": _APP,
+    "PREPARE_FAULT_SOURCE": _APP,
+    "PROFILES": _APP,
+    "SIM_SOURCE": _APP,
+    "TAINT_STORE_NAME": _APP,
+    "SampleDriver": _APP,
+    "SampleDriverApp": _APP,
+    "SampleDriverConfig": _APP,
+    "SimulatedHealthSource": _APP,
+    "build_resources": _APP,
+    "device_uuid": _APP,
+    "sim_gpu_pool": _APP,
+    "sim_nic_pool": _APP,
+    "INJECT_SOURCE": _CONTROL,
+    "ControlServer": _CONTROL,
+    "handle_line": _CONTROL,
+    "handle_request": _CONTROL,
+    "ACTIONS": _CLIENT,
+    "CONTROL_SOCKET_NAME": _CLIENT,
+    "MAX_LINE_BYTES": _CLIENT,
+    "ControlError": _CLIENT,
+    "control_socket_path": _CLIENT,
+    "encode_line": _CLIENT,
+    "request": _CLIENT,
+    "request_sync": _CLIENT,
+}
+
+__all__ = [
+    "ACTIONS",
+    "CONTROL_SOCKET_NAME",
+    "DEFAULT_DRIVER_NAMES",
+    "INJECT_SOURCE",
+    "MAX_LINE_BYTES",
+    "NO_KUBECONFIG_MESSAGE",
+    "PREPARE_FAULT_SOURCE",
+    "PROFILES",
+    "SIM_SOURCE",
+    "TAINT_STORE_NAME",
+    "ControlError",
+    "ControlServer",
+    "SampleDriver",
+    "SampleDriverApp",
+    "SampleDriverConfig",
+    "SimulatedHealthSource",
+    "build_resources",
+    "control_socket_path",
+    "device_uuid",
+    "encode_line",
+    "handle_line",
+    "handle_request",
+    "request",
+    "request_sync",
+    "sim_gpu_pool",
+    "sim_nic_pool",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
