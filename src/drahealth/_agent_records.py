@@ -12,7 +12,7 @@ The convention and the record's codec live in the core; this module re-exports t
 
 from __future__ import annotations
 
-from drahealth.core._cluster_records import (
+from drahealth.core import (
     DEFAULT_NAMESPACE,
     LABELS,
     NAME_PREFIX,

@@ -28,7 +28,7 @@ import celpy
 from celpy.adapter import json_to_cel
 from celpy.celparser import CELParseError
 
-from drahealth.core._taints import Taint, tolerated
+from drahealth.core import Taint, tolerated
 
 __all__ = ["AllocationError", "Device", "Taint", "allocate", "devices_from_slices", "tolerated"]
 

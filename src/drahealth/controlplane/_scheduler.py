@@ -41,8 +41,7 @@ from drahealth.controlplane._allocate import (
     devices_from_slices,
 )
 from drahealth.controlplane._loop import reconcile_loop
-from drahealth.core._cluster_pods import pod_claim_names
-from drahealth.core._taints import Taint, selects
+from drahealth.core import Taint, pod_claim_names, selects
 from drahealth.kube import Reflector, as_dict
 
 __all__ = ["SchedulerStandIn", "rule_taints"]

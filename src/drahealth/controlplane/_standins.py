@@ -34,8 +34,14 @@ from drahealth._aio import cancel_and_wait
 from drahealth.controlplane._allocate import Device, devices_from_slices
 from drahealth.controlplane._loop import reconcile_loop
 from drahealth.controlplane._scheduler import SchedulerStandIn, rule_taints
-from drahealth.core._cluster_pods import pod_claim_names
-from drahealth.core._taints import Taint, eviction_due, request_tolerations, selects, tolerated
+from drahealth.core import (
+    Taint,
+    eviction_due,
+    pod_claim_names,
+    request_tolerations,
+    selects,
+    tolerated,
+)
 from drahealth.kube import Reflector, as_dict
 
 __all__ = ["ReplicaSetStandIn", "StandIns", "TaintEvictionStandIn"]

@@ -38,7 +38,7 @@ from lightkube.resources.coordination_v1 import Lease
 
 from drahealth._aio import cancel_and_wait
 from drahealth._time import now_rfc3339_micro
-from drahealth.core._checks import positive_seconds
+from drahealth.core import positive_seconds
 
 __all__ = ["LeaderElector"]
 

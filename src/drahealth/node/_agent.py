@@ -26,7 +26,7 @@ from typing import Protocol
 from lightkube import AsyncClient
 
 from drahealth._metrics_http import MetricsServer
-from drahealth.core._status import StatusBuilder, StatusOptions
+from drahealth.core import StatusBuilder, StatusOptions
 from drahealth.node._claims import ClaimTracker
 from drahealth.node._config import AgentConfig
 from drahealth.node._events import EventRecorder

@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from drahealth._durable import atomic_write, dump_envelope, load_envelope, quarantine
-from drahealth.core import DeviceKey
-from drahealth.core._records import ClaimInfo, PreparedDeviceInfo
+from drahealth.core import ClaimInfo, DeviceKey, PreparedDeviceInfo
 
 __all__ = ["CLAIMS_FILE", "ClaimTracker", "TrackedClaim"]
 

@@ -24,8 +24,7 @@ from lightkube.resources.core_v1 import Event
 from lightkube.types import PatchType
 
 from drahealth._time import now_rfc3339
-from drahealth.core import Health
-from drahealth.core._records import ChangeReason, HealthChange
+from drahealth.core import ChangeReason, Health, HealthChange
 from drahealth.kube import make_event
 
 __all__ = [

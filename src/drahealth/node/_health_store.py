@@ -43,8 +43,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from drahealth._durable import atomic_write
-from drahealth.core._health import DeviceKey, Health
-from drahealth.core._records import DeviceEntry
+from drahealth.core import DeviceEntry, DeviceKey, Health
 
 __all__ = ["FORMAT", "VERSION", "HealthStore", "HealthStoreError"]
 

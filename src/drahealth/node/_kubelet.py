@@ -37,8 +37,13 @@ from lightkube.resources.resource_v1 import ResourceClaim
 
 from drahealth._aio import cancel_and_wait
 from drahealth._time import now_rfc3339
-from drahealth.core._records import ClaimInfo, HealthChange, PreparedDeviceInfo
-from drahealth.core._status import StatusBuilder, resolve_claim_name
+from drahealth.core import (
+    ClaimInfo,
+    HealthChange,
+    PreparedDeviceInfo,
+    StatusBuilder,
+    resolve_claim_name,
+)
 from drahealth.kube import Backoff, Reflector, patch_status
 from drahealth.node._claims import ClaimTracker
 from drahealth.node._events import (

@@ -40,8 +40,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from drahealth.core import Health
-from drahealth.core._records import ChangeReason, HealthChange
+from drahealth.core import ChangeReason, Health, HealthChange
 
 __all__ = ["AgentMetrics"]
 

@@ -34,8 +34,7 @@ from lightkube.types import PatchType
 from drahealth import api
 from drahealth._aio import cancel_and_wait
 from drahealth._time import now_rfc3339
-from drahealth.core import DeviceKey
-from drahealth.core._records import HealthChange
+from drahealth.core import DeviceKey, HealthChange
 from drahealth.kube import is_not_found, write_configmap_data
 from drahealth.node._events import (
     EventRecorder,

@@ -35,8 +35,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
-from drahealth.core._health_cache import HealthCache
-from drahealth.core._records import ChangeReason, DeviceEntry, HealthChange, ReportedDevice
+from drahealth.core import ChangeReason, DeviceEntry, HealthCache, HealthChange, ReportedDevice
 from drahealth.node._health_store import HealthStore
 
 __all__ = ["HEALTH_LOG", "REJECTION_LOG_INTERVAL", "REMOVAL_GRACE", "HealthPipeline"]

@@ -22,16 +22,17 @@ from typing import Final
 
 from lightkube import AsyncClient
 
-from drahealth.core import DeviceKey, Health
-from drahealth.core._cluster_records import (
+from drahealth.core import (
     LABELS,
+    DeviceKey,
+    Health,
+    HealthCache,
+    HealthChange,
     HealthRow,
     encode_devices,
     record_labels,
     record_name,
 )
-from drahealth.core._health_cache import HealthCache
-from drahealth.core._records import HealthChange
 from drahealth.kube import write_configmap_data
 
 __all__ = ["COMPONENT_LABEL", "DeviceHealthPublisher", "devices_configmap_name"]

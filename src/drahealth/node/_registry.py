@@ -41,8 +41,7 @@ import grpc
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from drahealth import api
-from drahealth.core._checks import positive_seconds
-from drahealth.core._records import PreparedDeviceInfo, ReportedDevice
+from drahealth.core import PreparedDeviceInfo, ReportedDevice, positive_seconds
 from drahealth.kube import Backoff
 from drahealth.node._stream import HealthStream, pick_health_service
 from drahealth.node._types import PluginInfo, RegistrationError

@@ -36,9 +36,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from drahealth import api
-from drahealth.core._checks import positive_seconds
-from drahealth.core._health import Health, truncate_message
-from drahealth.core._records import ReportedDevice
+from drahealth.core import Health, ReportedDevice, positive_seconds, truncate_message
 from drahealth.kube import Backoff
 
 __all__ = ["STREAM_STATES", "HealthStream", "StreamState", "pick_health_service"]

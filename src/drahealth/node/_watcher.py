@@ -45,7 +45,7 @@ import grpc
 import watchfiles
 
 from drahealth import api
-from drahealth.core._checks import positive_seconds
+from drahealth.core import positive_seconds
 from drahealth.kube import Backoff
 from drahealth.node._types import PluginInfo, RegistrationError, RegistrationHandler
 from drahealth.node._validation import REGISTRATION_FAILED_PREFIX, validate_plugin_info

@@ -48,11 +48,18 @@ from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim, Reso
 from lightkube.types import PatchType
 
 from drahealth._aio import cancel_and_wait
-from drahealth.core import DeviceKey, Health
-from drahealth.core._cluster import ClusterModel, Consumer
-from drahealth.core._policy import DeviceFacts, Policy, Validate
-from drahealth.core._remedy_engine import RemedyEngine, Want
-from drahealth.core._taints import Taint
+from drahealth.core import (
+    ClusterModel,
+    Consumer,
+    DeviceFacts,
+    DeviceKey,
+    Health,
+    Policy,
+    RemedyEngine,
+    Taint,
+    Validate,
+    Want,
+)
 from drahealth.kube import Reflector, as_dict, make_event, write_configmap_data
 from drahealth.remedy._evict import Evictor
 from drahealth.remedy._metrics import ControllerMetrics

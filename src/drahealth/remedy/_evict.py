@@ -25,8 +25,7 @@ from lightkube import ApiError, AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
-from drahealth.core._cluster import Consumer
-from drahealth.core._policy import Eviction
+from drahealth.core import Consumer, Eviction
 from drahealth.kube import Backoff
 
 __all__ = ["Evictor"]

@@ -18,12 +18,12 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
-from drahealth.core import Health
-from drahealth.core._policy import (
+from drahealth.core import (
     DEFAULT_TAINT_KEY,
     EFFECT_ORDER,
     Action,
     Eviction,
+    Health,
     Hysteresis,
     Match,
     MessagePattern,
