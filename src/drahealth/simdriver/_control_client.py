@@ -4,7 +4,7 @@ Owns the socket's location (``<state-dir>/control.sock``), the line limit, the
 action names, the line encoding and :func:`request` / :func:`request_sync`. It
 imports only the standard library, so ``drahealth inject`` starts in a fraction of
 the time the full driver takes to import. The protocol is described in
-``drahealth.driver._control``, which serves it.
+``drahealth.simdriver._control``, which serves it.
 """
 
 from __future__ import annotations
