@@ -16,13 +16,12 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from drahealth.core import DeviceKey
-from drahealth.remedy._view import (
+from drahealth.core import DeviceKey, pod_claim_names
+from drahealth.remedy import (
     claims_by_name,
     consumers,
     device_taints,
     observations,
-    pod_claim_names,
     pod_observations,
 )
 

@@ -216,8 +216,7 @@ def history_command(
     kubeconfig: str | None, device: str, controller_namespace: str, output: str
 ) -> None:
     """What happened to one device: controller actions and Events, oldest first."""
-    from drahealth.remedy import HISTORY_CONFIGMAP
-    from drahealth.remedy._rules import RuleError, parse_device
+    from drahealth.remedy import HISTORY_CONFIGMAP, RuleError, parse_device
 
     try:
         key = str(parse_device(device))

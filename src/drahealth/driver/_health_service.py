@@ -32,8 +32,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from drahealth import api
-from drahealth.core import truncate_message
-from drahealth.core._device_health import DeviceHealthModel, DeviceState
+from drahealth.core import DeviceHealthModel, DeviceState, truncate_message
 
 if TYPE_CHECKING:
     from typing import TypeAlias

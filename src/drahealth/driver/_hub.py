@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 import grpc
 
 from drahealth import api
-from drahealth.core._device_health import (
+from drahealth.core import (
     OPERATOR_SOURCE,
     DeviceHealthModel,
     DeviceReport,

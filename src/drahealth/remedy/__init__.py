@@ -30,6 +30,14 @@ if TYPE_CHECKING:
         rule_name,
         validate_taint,
     )
+    from drahealth.remedy._view import (
+        claims_by_name,
+        consumers,
+        device_facts,
+        device_taints,
+        observations,
+        pod_observations,
+    )
 
 #: public name -> module that defines it
 _EXPORTS: dict[str, str] = {
@@ -55,6 +63,12 @@ _EXPORTS: dict[str, str] = {
     "rule_body": "drahealth.remedy._rules",
     "rule_name": "drahealth.remedy._rules",
     "validate_taint": "drahealth.remedy._rules",
+    "claims_by_name": "drahealth.remedy._view",
+    "consumers": "drahealth.remedy._view",
+    "device_facts": "drahealth.remedy._view",
+    "device_taints": "drahealth.remedy._view",
+    "observations": "drahealth.remedy._view",
+    "pod_observations": "drahealth.remedy._view",
 }
 
 __all__ = [
@@ -70,12 +84,18 @@ __all__ = [
     "RemediationController",
     "RuleError",
     "apply_taint",
+    "claims_by_name",
+    "consumers",
     "created_by",
+    "device_facts",
+    "device_taints",
     "is_ours",
     "load_policy",
     "names_device",
+    "observations",
     "parse_device",
     "parse_policy",
+    "pod_observations",
     "remove_taints",
     "rule_body",
     "rule_name",

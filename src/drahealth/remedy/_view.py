@@ -22,11 +22,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from drahealth.core import DeviceKey
-from drahealth.core._cluster import ClusterModel, Consumer
-from drahealth.core._cluster_pods import pod_claim_names
-from drahealth.core._cluster_records import Observation, decode_devices
-from drahealth.core._policy import DeviceFacts
+from drahealth.core import (
+    ClusterModel,
+    Consumer,
+    DeviceFacts,
+    DeviceKey,
+    Observation,
+    decode_devices,
+    pod_claim_names,
+)
 
 __all__ = [
     "Consumer",

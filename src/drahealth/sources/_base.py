@@ -15,8 +15,7 @@ import logging
 from collections.abc import Sequence
 from typing import Protocol
 
-from drahealth.core import Health
-from drahealth.core._device_health import DeviceReport, HealthReportSink
+from drahealth.core import DeviceReport, Health, HealthReportSink
 
 __all__ = ["HealthSource", "run_source", "unknown_all"]
 

@@ -31,8 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from drahealth.core import Health
-from drahealth.core._device_health import DeviceReport
+from drahealth.core import DeviceReport, Health
 
 __all__ = ["XID_TEXT", "GpuDevice", "NvmlSource", "NvmlThresholds", "discover_gpus"]
 

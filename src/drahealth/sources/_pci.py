@@ -23,8 +23,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from drahealth.core import Health
-from drahealth.core._device_health import DeviceReport
+from drahealth.core import DeviceReport, Health
 
 __all__ = ["AerThresholds", "PciDevice", "PciSource", "list_pci_devices"]
 

@@ -24,8 +24,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from drahealth.core import Health
-from drahealth.core._device_health import DeviceReport
+from drahealth.core import DeviceReport, Health
 
 __all__ = ["ExecProbe", "FileProbe"]
 

@@ -45,8 +45,7 @@ from drahealth._aio import cancel_and_wait
 from drahealth._http_guard import HTTPGuard, HTTPLimits
 from drahealth._text import json_text
 from drahealth.kube import Reflector
-from drahealth.remedy._operator import apply_taint, remove_taints
-from drahealth.remedy._rules import RuleError, parse_device
+from drahealth.remedy import RuleError, apply_taint, parse_device, remove_taints
 from drahealth.web._state import snapshot
 
 __all__ = ["Dashboard"]

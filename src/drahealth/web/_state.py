@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from drahealth.core import DeviceKey
-from drahealth.remedy._view import consumers, device_taints, observations
+from drahealth.remedy import consumers, device_taints, observations
 
 __all__ = ["snapshot"]
 
