@@ -14,9 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+from drahealth.core import is_dns_subdomain, is_label_value, matches_qualified_name_part
 
 
 class SelectorError(ValueError):
@@ -64,9 +62,9 @@ class LabelSelector:
 
 def validate_label_key(key: str) -> None:
     prefix, _, name = key.rpartition("/")
-    if "/" in key and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+    if "/" in key and not is_dns_subdomain(prefix):
         raise SelectorError(f"invalid label key {key!r}: prefix must be a DNS subdomain")
-    if not name or len(name) > 63 or not _NAME_PART.match(name):
+    if not name or len(name) > 63 or not matches_qualified_name_part(name):
         raise SelectorError(
             f"invalid label key {key!r}: name part must consist of alphanumeric characters, "
             "'-', '_' or '.', and must start and end with an alphanumeric character"
@@ -74,7 +72,7 @@ def validate_label_key(key: str) -> None:
 
 
 def validate_label_value(value: str) -> None:
-    if len(value) > 63 or not _LABEL_VALUE.match(value):
+    if not is_label_value(value):
         raise SelectorError(
             f"invalid label value {value!r}: must be 63 characters or less and consist of "
             "alphanumeric characters, '-', '_' or '.', starting and ending with an alphanumeric"

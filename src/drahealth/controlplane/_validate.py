@@ -19,6 +19,8 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
+from drahealth.core import matches_dns_label, matches_dns_subdomain
+
 from ._resources import ResourceType
 from ._selectors import SelectorError, validate_label_key, validate_label_value
 from ._status import cause
@@ -26,8 +28,6 @@ from ._status import cause
 JSON = dict[str, Any]
 MAX_CAUSES = 20
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SUBDOMAIN_MSG = (
     "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, "
     "'-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', "
@@ -229,12 +229,12 @@ def name_causes(kind: str, name: str, field: str = "metadata.name") -> list[JSON
     if kind in _DNS_LABEL_KINDS:
         if len(name) > 63:
             return [invalid_value(field, name, "must be no more than 63 characters")]
-        if not _DNS_LABEL.match(name):
+        if not matches_dns_label(name):
             return [invalid_value(field, name, _LABEL_MSG)]
         return []
     if len(name) > 253:
         return [invalid_value(field, name, "must be no more than 253 characters")]
-    if not _DNS_SUBDOMAIN.match(name):
+    if not matches_dns_subdomain(name):
         return [invalid_value(field, name, _SUBDOMAIN_MSG)]
     return []
 

@@ -22,7 +22,6 @@ Input model objects are never mutated; everything returned is a fresh copy.
 from __future__ import annotations
 
 import datetime as dt
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -40,6 +39,14 @@ from lightkube.models.resource_v1 import (
 )
 from lightkube.resources.resource_v1 import ResourceSlice
 from lightkube.utils.quantity import parse_quantity
+
+from drahealth.core import (
+    is_dns_label,
+    is_dns_subdomain,
+    is_label_value,
+    is_qualified_name,
+    matches_dns_label,
+)
 
 __all__ = [
     "DEVICE_ATTRIBUTE_MAX_VALUE_LENGTH",
@@ -91,9 +98,6 @@ TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
 
 _SCALAR_ATTRS = ("bool", "int", "string", "version")
 _LIST_ATTRS = ("bools", "ints", "strings", "versions")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 
 
 class SliceValidationError(ValueError):
@@ -167,19 +171,6 @@ class PoolPlan:
 # --------------------------------------------------------------------------- helpers
 
 
-def is_qualified_name(text: str) -> bool:
-    """A Kubernetes qualified name (label key): ``[prefix/]name``."""
-    prefix, sep, name = text.rpartition("/")
-    if sep and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
-        return False
-    return 0 < len(name) <= 63 and bool(_LABEL_NAME.match(name))
-
-
-def is_label_value(text: str) -> bool:
-    """A Kubernetes label value (empty allowed)."""
-    return text == "" or (len(text) <= 63 and bool(_LABEL_NAME.match(text)))
-
-
 def truncate_time(value: dt.datetime) -> dt.datetime:
     """Cut a timestamp to whole seconds (all the API stores); naive means UTC."""
     if value.tzinfo is None:
@@ -232,7 +223,7 @@ def _is_advanced(device: Device) -> bool:
 
 def _validate_device(pool: str, device: Device, counters: Mapping[str, set[str]]) -> None:
     name = device.name
-    if not name or len(name) > 63 or not _DNS_LABEL.match(name):
+    if not name or not is_dns_label(name):
         raise SliceValidationError(pool, name, "name", "must be a DNS label (RFC 1123)")
     taints = device.taints or []
     if len(taints) > DEVICE_TAINTS_MAX:
@@ -314,14 +305,14 @@ def validate_pool(pool_name: str, pool: Pool) -> None:
     """Check one pool against every API limit; raise :class:`SliceValidationError`."""
     if not pool_name or len(pool_name) > 253:
         raise SliceValidationError(pool_name, None, "pool.name", "must be 1-253 characters")
-    if any(not part or not _DNS_SUBDOMAIN.match(part) for part in pool_name.split("/")):
+    if any(not is_dns_subdomain(part) for part in pool_name.split("/")):
         raise SliceValidationError(
             pool_name, None, "pool.name", "must be DNS subdomains separated by slashes"
         )
     counters: dict[str, set[str]] = {}
     for i, counter_set in enumerate(pool.shared_counters):
         where = f"sharedCounters[{i}]"
-        if not counter_set.name or not _DNS_LABEL.match(counter_set.name):
+        if not counter_set.name or not matches_dns_label(counter_set.name):
             raise SliceValidationError(pool_name, None, f"{where}.name", "must be a DNS label")
         if counter_set.name in counters:
             raise SliceValidationError(

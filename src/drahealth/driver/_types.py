@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from drahealth import api
+from drahealth.core import matches_dns_subdomain
 
 if TYPE_CHECKING:
     import grpc
@@ -65,8 +66,6 @@ DEFAULT_CDI_CLASS = "claim"
 #: File name of the prepared-claims checkpoint inside the state directory.
 CHECKPOINT_NAME = "prepared-claims.json"
 
-_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
 _DRIVER_NAME_MAX = 63
 
 
@@ -83,7 +82,7 @@ def validate_driver_name(name: str) -> str:
             f"driver name {name!r} is too long: {len(name)} characters, at most "
             f"{_DRIVER_NAME_MAX} allowed"
         )
-    if not _DNS_SUBDOMAIN.fullmatch(name):
+    if not matches_dns_subdomain(name):
         raise ValueError(
             f"driver name {name!r} is not a DNS subdomain (lowercase letters, digits, "
             "'-' and '.', each label starting and ending with a letter or digit)"

@@ -17,11 +17,11 @@ supported versions must name a DRA service version this node speaks.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Sequence
 from typing import Final
 
 from drahealth import api
+from drahealth.core import matches_dns_subdomain
 from drahealth.node._types import PluginInfo, RegistrationError
 
 __all__ = [
@@ -42,9 +42,6 @@ REGISTRATION_FAILED_PREFIX: Final = "RegisterPlugin error -- plugin registration
 
 #: Longest DRA driver name.
 DRIVER_NAME_MAX: Final = 63
-
-_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
 
 _GO_ESCAPES: Final = {
     "\a": r"\a",
@@ -133,7 +130,7 @@ def _driver_name_problem(name: str) -> str | None:
             f"name: Too long: may not be more than {DRIVER_NAME_MAX} bytes "
             f"(the DRA driver name has {len(name)})"
         )
-    if not _DNS_SUBDOMAIN.fullmatch(name):
+    if not matches_dns_subdomain(name):
         return (
             f"name: Invalid value: {go_quote(name)}: invalid DRA driver name: must be a "
             "lowercase DNS subdomain (lowercase letters, digits, '-' and '.', each label "

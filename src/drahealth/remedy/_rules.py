@@ -19,7 +19,12 @@ import json
 import re
 from typing import Any, Final
 
-from drahealth.core import DeviceKey
+from drahealth.core import (
+    DeviceKey,
+    is_dns_subdomain,
+    is_label_value,
+    matches_qualified_name_part,
+)
 
 __all__ = [
     "CONTROLLER_LABEL",
@@ -51,10 +56,6 @@ ANNOTATION_REASON: Final = f"{DOMAIN}/reason"
 EFFECTS: Final = ("None", "NoSchedule", "NoExecute")
 MAX_NAME: Final = 253
 
-_NAME_PART = re.compile(r"^[a-z0-9A-Z]([-a-z0-9A-Z_.]*[a-z0-9A-Z])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-
 
 class RuleError(ValueError):
     """Bad taint input; the text names the field and the value."""
@@ -77,14 +78,14 @@ def parse_device(text: str) -> DeviceRef:
 def validate_taint(key: str, value: str, effect: str) -> None:
     """Raise :class:`RuleError` naming the bad field of a device taint."""
     prefix, _, name = key.rpartition("/")
-    if not name or len(name) > 63 or not _NAME_PART.match(name):
+    if not name or len(name) > 63 or not matches_qualified_name_part(name):
         raise RuleError(
             f"taint key {key!r}: the name part must be 1-63 characters of [A-Za-z0-9-_.], "
             "starting and ending with an alphanumeric character"
         )
-    if "/" in key and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+    if "/" in key and not is_dns_subdomain(prefix):
         raise RuleError(f"taint key {key!r}: the prefix must be a DNS subdomain")
-    if len(value) > 63 or not _LABEL_VALUE.match(value):
+    if not is_label_value(value):
         raise RuleError(
             f"taint value {value!r} must be at most 63 characters of [A-Za-z0-9-_.], "
             "starting and ending with an alphanumeric character (or empty)"

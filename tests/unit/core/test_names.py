@@ -20,16 +20,14 @@ from drahealth.controlplane._selectors import (
     validate_label_value,
 )
 from drahealth.controlplane._validate import name_causes
-from drahealth.core._health_cache import (
+from drahealth.core import (
     device_name_problem,
     driver_name_problem,
-    pool_name_problem,
-)
-from drahealth.core._names import (
     is_dns_label,
     is_dns_subdomain,
     is_label_value,
     is_qualified_name,
+    pool_name_problem,
 )
 from drahealth.driver._slices import is_label_value as slices_label_value
 from drahealth.driver._slices import is_qualified_name as slices_qualified_name
@@ -163,11 +161,6 @@ def test_every_copy_agrees_on_random_names(text: str) -> None:
     test_agent_names_agree(text)
 
 
-#: Validators still on their own ``^...$`` pattern, which lets a trailing line break
-#: through; each moves onto the shared rules as ``drahealth.core`` exports them.
-_OWN_PATTERN = pytest.mark.xfail(strict=True, reason="own pattern, not yet the shared rule")
-
-
 @pytest.mark.parametrize(
     "accepts",
     [
@@ -176,27 +169,19 @@ _OWN_PATTERN = pytest.mark.xfail(strict=True, reason="own pattern, not yet the s
         pytest.param(lambda t: pool_name_problem(t) is None, id="health-cache-pool"),
         pytest.param(lambda t: _driver_name_problem(t) is None, id="registration-driver"),
         pytest.param(lambda t: not _raises(validate_driver_name, t), id="driver-name"),
-        pytest.param(slices_qualified_name, id="slice-qualified-name", marks=_OWN_PATTERN),
-        pytest.param(slices_label_value, id="slice-label-value", marks=_OWN_PATTERN),
-        pytest.param(
-            lambda t: not _raises(validate_label_key, t), id="selector-key", marks=_OWN_PATTERN
-        ),
+        pytest.param(slices_qualified_name, id="slice-qualified-name"),
+        pytest.param(slices_label_value, id="slice-label-value"),
+        pytest.param(lambda t: not _raises(validate_label_key, t), id="selector-key"),
         pytest.param(
             lambda t: not _raises(validate_label_value, t),
             id="selector-value",
-            marks=_OWN_PATTERN,
         ),
         pytest.param(
             lambda t: not _raises(validate_taint, t, "", "NoSchedule"),
             id="taint-key",
-            marks=_OWN_PATTERN,
         ),
-        pytest.param(
-            lambda t: name_causes("ConfigMap", t) == [], id="object-name", marks=_OWN_PATTERN
-        ),
-        pytest.param(
-            lambda t: name_causes("Namespace", t) == [], id="namespace-name", marks=_OWN_PATTERN
-        ),
+        pytest.param(lambda t: name_causes("ConfigMap", t) == [], id="object-name"),
+        pytest.param(lambda t: name_causes("Namespace", t) == [], id="namespace-name"),
     ],
 )
 def test_trailing_line_break_is_no_name(accepts: object) -> None:
