@@ -9,13 +9,10 @@ replace the last good data file, and resume by itself once writing works again.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import logging
 import os
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +23,7 @@ from drahealth import _durable
 from drahealth.controlplane import APIServer, _persist
 from drahealth.controlplane._store import Store
 from drahealth.controlplane._wal import Journal
+from tests._support import eventually
 
 PATH = "/api/v1/namespaces/default/configmaps"
 
@@ -40,13 +38,6 @@ def on_disk(data: Path) -> set[str]:
     store = Store()
     assert Journal(store, data).load()
     return {o["metadata"]["name"] for o in store.objects("/configmaps")}
-
-
-async def until(check: Callable[[], Any], within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while not await check():
-        assert time.monotonic() < deadline, f"timed out after {within}s waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 def metric(text: str, name: str) -> float:
@@ -102,7 +93,7 @@ async def test_enospc_answers_500_rolls_back_reports_and_recovers(
                 async with http.get("/readyz") as r:
                     return r.status == 200
 
-            await until(ready, 10, "/readyz to recover")
+            await eventually(ready, 10, "/readyz to recover")
             async with http.post(PATH, json=cm("d")) as r:
                 assert r.status == 201
             async with http.get("/metrics") as r:
@@ -180,7 +171,7 @@ async def test_a_failed_snapshot_never_replaces_the_data_file(
                 assert loaded is not None
                 return any(o["metadata"]["name"] == "a" for o in loaded[1].get("/configmaps", []))
 
-            await until(compacted, 10, "a compaction")
+            await eventually(compacted, 10, "a compaction")
             assert snapshot_threads
             assert threading.main_thread().name not in snapshot_threads  # off the loop
             good = data.read_bytes()
@@ -192,7 +183,7 @@ async def test_a_failed_snapshot_never_replaces_the_data_file(
             async def tried() -> bool:
                 return bool(snapshot_threads)
 
-            await until(tried, 10, "a compaction attempt")
+            await eventually(tried, 10, "a compaction attempt")
             assert data.read_bytes() == good
             assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
             assert on_disk(data) == {"a", "b"}

@@ -31,6 +31,7 @@ from drahealth.controlplane._decode import (
 from drahealth.controlplane._engine import WriteOptions
 from drahealth.controlplane._protobuf import MAGIC
 from drahealth.controlplane._resources import lookup
+from tests._support import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -389,20 +390,13 @@ async def _raw_watch(server: APIServer, path: str, rcvbuf: int | None = None) ->
     return sock
 
 
-async def _until(check: Any, within: float, what: str) -> None:
-    t0 = time.monotonic()
-    while not check():
-        assert time.monotonic() - t0 < within, f"timed out after {within} s: {what}"
-        await asyncio.sleep(0.02)
-
-
 async def test_watcher_that_falls_behind_is_closed(
     server: APIServer, http: aiohttp.ClientSession
 ) -> None:
     server.store.watch_queue_limit = 20
     async with http.get(f"{CMS}?watch=true") as r:
         assert r.status == 200
-        await _until(lambda: len(server.store._watchers) == 1, 5, "the watch to register")
+        await eventually(lambda: len(server.store._watchers) == 1, 5, "the watch to register")
         # Writes with no await in between: the stream cannot drain, the queue overflows.
         opts = WriteOptions(manager="t")
         for i in range(100):
@@ -422,7 +416,7 @@ async def test_watch_client_that_never_reads_is_closed(
     monkeypatch.setattr(server_module, "WATCH_WRITE_TIMEOUT_S", 0.5)
     sock = await _raw_watch(server, f"{CMS}?watch=true", rcvbuf=4096)
     try:
-        await _until(lambda: len(server.store._watchers) == 1, 5, "the watch to register")
+        await eventually(lambda: len(server.store._watchers) == 1, 5, "the watch to register")
         payload = "z" * 400_000
         rss0 = rss_mib()
         for i in range(60):  # 24 MB of events: far beyond the socket buffers
@@ -430,7 +424,7 @@ async def test_watch_client_that_never_reads_is_closed(
             assert code == 201
             if server.store.slow_watchers_closed:
                 break
-        await _until(
+        await eventually(
             lambda: server.store.slow_watchers_closed == 1, 10, "the stuck watch to be closed"
         )
         assert not server.store._watchers

@@ -17,6 +17,7 @@ import pytest
 from drahealth import api
 from drahealth.core import Health
 from drahealth.driver._hub import DeviceReport, HealthHub
+from tests._support import eventually
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -100,12 +101,6 @@ def view(msg: Any) -> list[tuple[str, str, int, str]]:
     return [(d.device.pool_name, d.device.device_name, d.health, d.message) for d in msg.devices]
 
 
-async def wait_for(pred: Callable[[], bool], within: float = 2.0) -> None:
-    async with asyncio.timeout(within):
-        while not pred():  # noqa: ASYNC110 (polling hub state is the point)
-            await asyncio.sleep(0.005)
-
-
 @pytest.mark.parametrize("version", VERSIONS)
 async def test_initial_snapshot(version: Version) -> None:
     hub = HealthHub(DEVS, default_timeout_seconds=40, wall_clock=lambda: 1_700_000_000.5)
@@ -163,7 +158,7 @@ async def test_two_concurrent_streams_both_versions() -> None:
         a, b = Reader(ch, V1), Reader(ch, V1ALPHA1)
         await a.get()
         await b.get()
-        await wait_for(lambda: hub.stream_count == 2)
+        await eventually(lambda: hub.stream_count == 2, 2.0)
         hub.submit("nvml", [DeviceReport("node-1", "gpu-1", U, "XID 48")])
         for r in (a, b):
             msg = await r.get(0.5)
@@ -180,7 +175,7 @@ async def test_stalled_reader_does_not_delay_others() -> None:
         stalled = grpc_mod.DRAResourceHealthStub(ch).NodeWatchResources(
             mod.NodeWatchResourcesRequest()
         )
-        await wait_for(lambda: hub.stream_count == 1)
+        await eventually(lambda: hub.stream_count == 1, 2.0)
         live = Reader(ch, V1)
         await live.get()
         loop = asyncio.get_running_loop()
@@ -209,7 +204,7 @@ async def test_stalled_reader_does_not_delay_others() -> None:
         assert seen == sorted(seen) and seen[-1] == 199
         assert len(seen) < 150, len(seen)  # intermediate snapshots were coalesced
         stalled.cancel()
-        await wait_for(lambda: hub.stream_count == 1)
+        await eventually(lambda: hub.stream_count == 1, 2.0)
         await live.close()
 
 
@@ -257,9 +252,9 @@ async def test_stream_count_returns_to_zero_after_cancel() -> None:
         assert hub.stream_count == 4
         for r in readers[:3]:
             await r.close()
-        await wait_for(lambda: hub.stream_count == 1)
+        await eventually(lambda: hub.stream_count == 1, 2.0)
         await readers[3].close()
-        await wait_for(lambda: hub.stream_count == 0)
+        await eventually(lambda: hub.stream_count == 0, 2.0)
 
 
 async def test_close_ends_streams_and_refuses_new_ones() -> None:
@@ -270,7 +265,7 @@ async def test_close_ends_streams_and_refuses_new_ones() -> None:
         hub.close()
         await asyncio.wait_for(reader.task, 1.0)
         assert reader.error is None  # ended with OK
-        await wait_for(lambda: hub.stream_count == 0)
+        await eventually(lambda: hub.stream_count == 0, 2.0)
         again = Reader(ch, V1ALPHA1)
         await again.task
         assert again.error is not None and again.error.code() == grpc.StatusCode.UNAVAILABLE
@@ -282,5 +277,5 @@ async def test_server_stop_drops_streams() -> None:
         reader = Reader(ch, V1)
         await reader.get()
         assert hub.stream_count == 1
-    await wait_for(lambda: hub.stream_count == 0)
+    await eventually(lambda: hub.stream_count == 0, 2.0)
     await asyncio.wait_for(reader.task, 1.0)

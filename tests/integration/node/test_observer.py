@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -27,6 +26,7 @@ from drahealth.node._agent import AgentConfig
 from drahealth.node._events import EventRecorder
 from drahealth.node._observer import ObserverMode, PodDeviceMap, PodRef, configmap_name
 from drahealth.node._pipeline import HealthPipeline
+from tests._support import eventually
 from tests.e2e.test_agent_e2e import AgentProcess, make_pod
 from tests.integration.driver.test_sample_driver import (
     DRIVER,
@@ -166,17 +166,6 @@ async def kubelet(base: str) -> AsyncIterator[tuple[FakeKubelet, str]]:
         yield fake, path
     finally:
         await server.stop(0)
-
-
-async def eventually(check: Callable[[], Any], within: float, what: str) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def observer(base: str, kubeconfig: str, podres: str) -> AgentProcess:

@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +28,7 @@ from drahealth.core._records import ReportedDevice
 from drahealth.driver._hub import DeviceReport, HealthHub
 from drahealth.kube import Backoff
 from drahealth.node._stream import HealthStream
+from tests._support import eventually
 
 _Context = grpc.aio.ServicerContext[Any, Any]
 H, U, X = Health.HEALTHY, Health.UNHEALTHY, Health.UNKNOWN
@@ -231,14 +232,6 @@ def sockdir() -> Iterator[str]:
         yield d
     finally:
         shutil.rmtree(d, ignore_errors=True)
-
-
-async def eventually(check: Callable[[], bool], within: float = 5.0, what: str = "") -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or check}")
-        await asyncio.sleep(0.005)
 
 
 def fast_backoff() -> Backoff:

@@ -15,7 +15,7 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -27,6 +27,7 @@ from drahealth.driver._plugin import start as start_plugin
 from drahealth.driver._types import ClaimRef, PluginOptions, PreparedClaimRequest, PrepareResult
 from drahealth.node._types import PluginInfo, RegistrationError
 from drahealth.node._watcher import PluginWatcher
+from tests._support import eventually
 
 DRIVER = "gpu.example.com"
 RAW = "raw.example.com"
@@ -132,14 +133,6 @@ async def watching(
         yield watcher
     finally:
         await watcher.stop()
-
-
-async def eventually(check: Callable[[], bool], within: float = 5.0, what: str = "") -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or check}")
-        await asyncio.sleep(0.01)
 
 
 def exists(path: str) -> bool:

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -26,6 +26,7 @@ from drahealth.core._policy import Policy
 from drahealth.remedy._controller import HISTORY_CONFIGMAP, RemediationController
 from drahealth.remedy._policy_load import parse_policy
 from drahealth.remedy._rules import DeviceRef, rule_body
+from tests._support import eventually
 from tests.integration.kube.conftest import api_server_options, client
 
 __all__ = ["api_server_options", "client"]
@@ -101,17 +102,6 @@ async def make_pod(client: AsyncClient, name: str, device: str, labels: dict[str
 
 async def rules(client: AsyncClient) -> dict[str, Any]:
     return {str(r.metadata.name): r async for r in client.list(DeviceTaintRule) if r.metadata}
-
-
-async def eventually(check: Callable[[], Any], within: float = 5.0, what: str = "") -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within}s waiting for {what or check}")
-        await asyncio.sleep(0.02)
 
 
 @asynccontextmanager

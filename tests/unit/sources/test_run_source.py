@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from drahealth.core import Health
 from drahealth.driver import DeviceReport, HealthHub
 from drahealth.sources import run_source
+from tests._support import eventually
 
 DEVS = [("node-1", "gpu-0"), ("node-1", "gpu-1")]
 
@@ -31,26 +32,19 @@ class Flaky:
         return [DeviceReport(p, d, Health.HEALTHY) for p, d in DEVS]
 
 
-async def until(check: object, within: float = 2.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not check():  # type: ignore[operator]
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.01)
-
-
 async def test_reports_and_failures_reach_the_hub() -> None:
     hub = HealthHub(DEVS)
     src = Flaky()
     task = asyncio.create_task(run_source(hub, src))
     try:
-        await until(lambda: hub.state("node-1", "gpu-0").health is Health.HEALTHY)
+        await eventually(lambda: hub.state("node-1", "gpu-0").health is Health.HEALTHY, 2.0)
         src.fail = True
-        await until(lambda: hub.state("node-1", "gpu-1").health is Health.UNKNOWN)
+        await eventually(lambda: hub.state("node-1", "gpu-1").health is Health.UNKNOWN, 2.0)
         assert hub.state("node-1", "gpu-1").message == (
             "flaky health source failed: device node vanished"
         )
         src.fail = False
-        await until(lambda: hub.state("node-1", "gpu-1").health is Health.HEALTHY)
+        await eventually(lambda: hub.state("node-1", "gpu-1").health is Health.HEALTHY, 2.0)
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
