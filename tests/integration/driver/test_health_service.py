@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import tempfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from types import ModuleType
@@ -17,7 +16,7 @@ import pytest
 from drahealth import api
 from drahealth.core import Health
 from drahealth.driver._hub import DeviceReport, HealthHub
-from tests._support import eventually
+from tests._support import eventually, short_dir
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -32,7 +31,7 @@ VERSIONS = [pytest.param(V1, id="v1"), pytest.param(V1ALPHA1, id="v1alpha1")]
 @asynccontextmanager
 async def serve(hub: HealthHub) -> AsyncIterator[grpc.aio.Channel]:
     """A server with the hub's services on a fresh unix socket, and a channel to it."""
-    sockdir = tempfile.mkdtemp(prefix="dh-", dir="/tmp")
+    sockdir = short_dir()
     server = grpc.aio.server()
     assert hub.add_to_server(server) == hub.advertised_services()
     target = f"unix://{sockdir}/dra.sock"

@@ -11,10 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -223,15 +221,6 @@ async def running(plugin: RawPlugin) -> AsyncIterator[RawPlugin]:
         yield plugin
     finally:
         await plugin.stop()
-
-
-@pytest.fixture
-def sockdir() -> Iterator[str]:
-    d = tempfile.mkdtemp(dir="/tmp", prefix="dhs-")
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def fast_backoff() -> Backoff:

@@ -13,7 +13,6 @@ import logging
 import os
 import shutil
 import stat
-import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -27,7 +26,7 @@ from drahealth.driver._plugin import start as start_plugin
 from drahealth.driver._types import ClaimRef, PluginOptions, PreparedClaimRequest, PrepareResult
 from drahealth.node._types import PluginInfo, RegistrationError
 from drahealth.node._watcher import PluginWatcher
-from tests._support import eventually
+from tests._support import eventually, short_dir
 
 DRIVER = "gpu.example.com"
 RAW = "raw.example.com"
@@ -150,7 +149,7 @@ def write_file(path: str, text: str) -> None:
 
 def make_base(prefix: str) -> tuple[str, str]:
     """A fresh kubelet-like root and its ``plugins_registry`` dir."""
-    base = tempfile.mkdtemp(dir="/tmp", prefix=prefix)
+    base = short_dir(prefix)
     registry = f"{base}/plugins_registry"
     os.makedirs(registry)
     return base, registry
@@ -622,7 +621,7 @@ async def test_registry_dir_removed_and_recreated(
 async def test_stop_deregisters_nothing_and_start_creates_the_dir(
     handler: RecordingHandler,
 ) -> None:
-    base = tempfile.mkdtemp(dir="/tmp", prefix="drw-")
+    base = short_dir("drw-")
     try:
         registry = f"{base}/plugins_registry"
         watcher = PluginWatcher(registry, handler, rescan_interval=0.05)
