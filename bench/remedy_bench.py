@@ -7,7 +7,9 @@ election included); then, one at a time, marks a pod's device Unhealthy in its s
 and measures the time until the controller's DeviceTaintRule for that device is seen by
 a watch. Prints p50/p99 reaction and the controller's peak RSS, and how often the
 controller lost its Lease (it must not: its renewals run on their own thread). One
-warm-up fault, not counted, waits out the controller's first pass over everything. Every
+warm-up fault, not counted, waits out the controller's first pass over everything. Then a
+steady-state phase changes ``--churn`` Healthy pod statuses per second for
+``--churn-seconds`` and reports the controller's CPU (percent of one core) meanwhile. Every
 wait has a timeout that fails with what it waited for and the controller's last output.
 
 Run: ``python bench/remedy_bench.py [--quick] [--nodes N] [--pods M] [--faults K]``
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import sys
 import tempfile
@@ -103,7 +106,88 @@ async def seed(client: AsyncClient, nodes: int, pods: int) -> list[tuple[str, st
     return placed
 
 
-async def run(nodes: int, pods: int, faults: int) -> dict[str, float]:
+def seed_in_process(server: APIServer, nodes: int, pods: int) -> list[tuple[str, str, str]]:
+    """The same objects as :func:`seed`, written through the server's own engine.
+
+    Seeding 50,000 pods over HTTP takes four requests each (about 15 minutes on two
+    cores); the objects, their resourceVersions and the watch events the controller
+    later lists are the same either way, and nothing is measured while seeding.
+    """
+    from drahealth.controlplane._engine import MERGE, WriteOptions
+    from drahealth.controlplane._resources import lookup
+
+    engine = server.engine
+    slices = lookup("resource.k8s.io", "v1", "resourceslices")
+    claims = lookup("resource.k8s.io", "v1", "resourceclaims")
+    pods_rt = lookup("", "v1", "pods")
+    assert slices is not None and claims is not None and pods_rt is not None
+    opts = WriteOptions(manager="bench")
+    for n in range(nodes):
+        node = f"node-{n}"
+        engine.create(slices, None, {
+            "metadata": {"name": f"{node}-{DRIVER}"},
+            "spec": {"driver": DRIVER, "nodeName": node,
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": f"gpu-{i}"} for i in range(8)]},
+        }, opts)  # fmt: skip
+    placed = [(f"p{i}", f"node-{i // 8}", f"gpu-{i % 8}") for i in range(pods)]
+    for name, pool, device in placed:
+        request = {"name": "gpu", "exactly": {"deviceClassName": "g"}}
+        engine.create(claims, "default", {
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"devices": {"requests": [request]}},
+        }, opts)  # fmt: skip
+        result = {"request": "gpu", "driver": DRIVER, "pool": pool, "device": device}
+        engine.patch(claims, "default", name, MERGE,
+                     {"status": {"allocation": {"devices": {"results": [result]}}}},
+                     "status", opts)  # fmt: skip
+        container = {"name": "m", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}
+        engine.create(pods_rt, "default", {
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": pool, "containers": [container],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": name}]},
+        }, opts)  # fmt: skip
+        engine.patch(pods_rt, "default", name, MERGE, status(device, pool, "Healthy"),
+                     "status", opts)  # fmt: skip
+    return placed
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def churn(
+    client: AsyncClient, placed: list[tuple[str, str, str]], rate: float, seconds: float
+) -> int:
+    """Change ``rate`` pod statuses per second (a Healthy pod's message) for ``seconds``."""
+    sent, start, i = 0, time.monotonic(), 0
+    while (elapsed := time.monotonic() - start) < seconds:
+        due = int(elapsed * rate) + 1
+        batch = []
+        while sent < due:
+            name, pool, device = placed[i % len(placed)]
+            i += 1
+            sent += 1
+            batch.append(client.patch(
+                Pod.Status, name, status(device, pool, "Healthy", f"ok {sent}"),
+                namespace="default", patch_type=PatchType.MERGE,
+            ))  # fmt: skip
+        await asyncio.gather(*batch)
+        await asyncio.sleep(max(0.0, (sent / rate) - (time.monotonic() - start)))
+    return sent
+
+
+async def run(
+    nodes: int,
+    pods: int,
+    faults: int,
+    churn_rate: float = 100.0,
+    churn_s: float = 20.0,
+    seed_http: bool = False,
+) -> dict[str, float]:
     base = tempfile.mkdtemp(prefix="dhr-", dir="/tmp")
     server = APIServer()
     await server.start(port=0)
@@ -114,7 +198,10 @@ async def run(nodes: int, pods: int, faults: int) -> dict[str, float]:
     out: Output | None = None
     try:
         t0 = time.monotonic()
-        placed = await seed(client, nodes, pods)
+        if seed_http:
+            placed = await seed(client, nodes, pods)
+        else:
+            placed = seed_in_process(server, nodes, pods)
         seeded = time.monotonic() - t0
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "drahealth", "controller", "--kubeconfig", kubeconfig,
@@ -159,6 +246,13 @@ async def run(nodes: int, pods: int, faults: int) -> dict[str, float]:
             for name, pool, device in measured:
                 samples.append(await fault(name, pool, device, FAULT_TIMEOUT))
                 peak = max(peak, rss_mb(proc.pid))
+            # steady state: pod statuses keep changing, nothing to taint
+            healthy = [p for p in spare[:-1] if p not in chosen] or placed
+            cpu0, wall0 = cpu_seconds(proc.pid), time.monotonic()
+            changed = await churn(client, healthy, churn_rate, churn_s)
+            churn_wall = time.monotonic() - wall0
+            churn_cpu = (cpu_seconds(proc.pid) - cpu0) / churn_wall
+            peak = max(peak, rss_mb(proc.pid))
         finally:
             await rules.stop()
         return {
@@ -167,6 +261,8 @@ async def run(nodes: int, pods: int, faults: int) -> dict[str, float]:
             "p99_s": pct(samples, 0.99),
             "rss_mb": peak,
             "lost_lease": float(out.counts["standby:"]),
+            "churn_per_s": changed / churn_wall,
+            "churn_cpu_pct": churn_cpu * 100,
         }
     finally:
         if proc is not None:
@@ -184,9 +280,24 @@ if __name__ == "__main__":
     parser.add_argument("--nodes", type=int, default=None, help="nodes of 8 devices (1000)")
     parser.add_argument("--pods", type=int, default=None, help="pods, one device each (5000)")
     parser.add_argument("--faults", type=int, default=50, help="faults measured (50)")
+    parser.add_argument(
+        "--churn",
+        type=float,
+        default=100.0,
+        help="pod status changes per second in the steady-state phase (100)",
+    )
+    parser.add_argument(
+        "--churn-seconds", type=float, default=20.0, help="length of the steady-state phase (20)"
+    )
+    parser.add_argument(
+        "--seed-http",
+        action="store_true",
+        help="seed through the API (4 requests a pod) instead of in-process",
+    )
     args = parser.parse_args()
     nodes = args.nodes or (100 if args.quick else 1000)
     pods = args.pods or (500 if args.quick else 5000)
     if pods > nodes * 8:
         parser.error(f"--pods {pods} needs at least {(pods + 7) // 8} nodes of 8 devices")
-    print(asyncio.run(run(nodes, pods, args.faults)))
+    print(asyncio.run(run(nodes, pods, args.faults, args.churn, args.churn_seconds,
+                          args.seed_http)))  # fmt: skip
