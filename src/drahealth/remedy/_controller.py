@@ -141,6 +141,7 @@ class RemediationController:
             (self.health, self._feed("ConfigMap")),
         ]
         self._rule_names: dict[DeviceKey, str] = {}  # device -> our rule's name
+        self._bodies: dict[tuple[DeviceKey, Want, str, str], JSON] = {}  # last pass's bodies
         self._evict_due: float | None = None  # wall time a tolerated eviction falls due
         self._wake = asyncio.Event()
         self._bad_seen: dict[DeviceKey, float] = {}  # first bad observation, for latency
@@ -257,18 +258,26 @@ class RemediationController:
 
     async def _reconcile_rules(self, wants: dict[DeviceKey, Want], now: float) -> None:
         desired: dict[str, tuple[DeviceKey, JSON]] = {}
+        bodies: dict[tuple[DeviceKey, Want, str, str], JSON] = {}
         for key, want in wants.items():
-            f = self._facts(key)
-            body = rule_body(
-                DeviceRef(key.driver, key.pool, key.device),
-                key=want.key,
-                value=want.value,
-                effect=self._written_effect(want.effect),
-                node=f.node,
-                policy_rule=want.rule,
-                reason=want.reason,
-            )
+            effect, node = self._written_effect(want.effect), self._facts(key).node
+            # a pass runs per watch event: a device's body is built again only when what
+            # it is made of changed (bodies are only read, never changed, once built)
+            ident = (key, want, effect, node)
+            body = self._bodies.get(ident)
+            if body is None:
+                body = rule_body(
+                    DeviceRef(key.driver, key.pool, key.device),
+                    key=want.key,
+                    value=want.value,
+                    effect=effect,
+                    node=node,
+                    policy_rule=want.rule,
+                    reason=want.reason,
+                )
+            bodies[ident] = body
             desired[body["metadata"]["name"]] = (key, body)
+        self._bodies = bodies
         self._rule_names = {key: name for name, (key, _) in desired.items()}
         existing = {
             str(r.metadata.name): r
@@ -292,7 +301,7 @@ class RemediationController:
                     updated = as_dict(current)
                     updated["spec"]["taint"] = {**(updated["spec"].get("taint") or {}), **taint}
                     updated["spec"]["taint"].pop("timeAdded", None)
-                    updated["metadata"]["annotations"] = body["metadata"]["annotations"]
+                    updated["metadata"]["annotations"] = dict(body["metadata"]["annotations"])
                     await self._write_rule("update", updated)
             if taint["effect"] == "None":
                 await self._impact_summary(name, key)
