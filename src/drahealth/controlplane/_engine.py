@@ -547,9 +547,12 @@ class Engine:
 
     def reconcile_pdbs(self, ns: str) -> None:
         """Bring every PDB status in ``ns`` in line with the pods there."""
+        pdbs = self.store.objects(PDBS.key, ns)
+        if not pdbs:
+            return  # a pod write in a namespace without budgets costs nothing more
         pods = self.store.objects(PODS.key, ns)
         now = now_rfc3339()
-        for pdb in self.store.objects(PDBS.key, ns):
+        for pdb in pdbs:
             new_status = pdb_status(pdb, pods, pdb.get("status"), now)
             if new_status != pdb.get("status") and not _meta(pdb).get("deletionTimestamp"):
                 self.store.update(PDBS.key, {**pdb, "status": new_status})

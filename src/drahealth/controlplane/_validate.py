@@ -11,6 +11,7 @@ raises for invalid input.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import inspect
 import json
 import re
@@ -84,7 +85,9 @@ def required(field: str) -> JSON:
 # --------------------------------------------------------------------------- schema walk
 
 
+@functools.cache
 def _annotations(cls: type) -> dict[str, str]:
+    """The field annotations of a model class and its bases (computed once per class)."""
     out: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         for k, v in inspect.get_annotations(klass).items():
