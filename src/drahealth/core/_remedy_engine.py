@@ -69,6 +69,9 @@ class RemedyEngine:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self._devices: dict[DeviceKey, _Device] = {}
+        #: devices that may want a taint, or change without input (a bad period, a taint,
+        #: recent health changes): the outputs walk these, not every device seen
+        self._active: set[DeviceKey] = set()
         #: health changes older than this count for no rule's hysteresis
         self._horizon = max(
             (r.hysteresis.window for r in policy.rules if r.hysteresis), default=0.0
@@ -97,6 +100,7 @@ class RemedyEngine:
             if d.bad_since is None:
                 d.bad_since = now
             d.rule = rule
+            self._active.add(key)
             d.value = _value(rule, health)
             d.reason = f"{health.value}" + (f": {message}" if message else "")
         else:
@@ -122,6 +126,7 @@ class RemedyEngine:
         # escalated taint was first wanted that step's ``after`` earlier
         since -= _escalated_for(rule, want.effect)
         d.rule, d.tainted_since, d.value, d.reason = rule, since, want.value, want.reason
+        self._active.add(key)
 
     def rule_of(self, key: DeviceKey) -> Rule | None:
         """The rule of the device's current or last bad period."""
@@ -130,6 +135,7 @@ class RemedyEngine:
 
     def forget(self, key: DeviceKey) -> None:
         self._devices.pop(key, None)
+        self._active.discard(key)
 
     def validated(self, key: DeviceKey, ok: bool, now: float) -> None:
         """The validation hook's answer for a recovered device."""
@@ -147,9 +153,13 @@ class RemedyEngine:
     def wants(self, now: float) -> dict[DeviceKey, Want]:
         """Every device that should carry a controller taint now (others: none)."""
         out: dict[DeviceKey, Want] = {}
-        for key, d in self._devices.items():
+        for key in sorted(self._active):
+            d = self._devices[key]
             self._advance(d, now)
             d.reported = max(d.reported, now)
+            if d.tainted_since is None and d.bad_since is None and not d.changes:
+                self._active.discard(key)  # nothing can change for it without new input
+                continue
             if d.tainted_since is not None and d.rule is not None:
                 effect = d.rule.action.effect_at(now - d.tainted_since)
                 if self.policy.dry_run:
@@ -160,7 +170,8 @@ class RemedyEngine:
     def pending_validations(self, now: float) -> list[DeviceKey]:
         """Recovered devices whose validation hook should run now (marked pending)."""
         out = []
-        for key, d in self._devices.items():
+        for key in self._active:
+            d = self._devices[key]
             self._advance(d, now)
             if self._recovered(d, now) and d.validation == "none" and self._hook(d):
                 d.validation = "pending"
@@ -197,7 +208,8 @@ class RemedyEngine:
         ask again at once.
         """
         due: list[float] = []
-        for d in self._devices.values():
+        for key in self._active:
+            d = self._devices[key]
             rule = d.rule
             if rule is None:
                 continue
