@@ -187,6 +187,7 @@ async def run(
     churn_rate: float = 100.0,
     churn_s: float = 20.0,
     seed_http: bool = False,
+    lease_duration: float = 2.0,
 ) -> dict[str, float]:
     base = tempfile.mkdtemp(prefix="dhr-", dir="/tmp")
     server = APIServer()
@@ -205,7 +206,8 @@ async def run(
         seeded = time.monotonic() - t0
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "drahealth", "controller", "--kubeconfig", kubeconfig,
-            "--policy", f"{base}/policy.yaml", "--id", "bench", "--lease-duration", "2",
+            "--policy", f"{base}/policy.yaml", "--id", "bench",
+            "--lease-duration", f"{lease_duration:g}",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
         assert proc.stdout is not None
@@ -290,6 +292,12 @@ if __name__ == "__main__":
         "--churn-seconds", type=float, default=20.0, help="length of the steady-state phase (20)"
     )
     parser.add_argument(
+        "--lease-duration",
+        type=float,
+        default=2.0,
+        help="the controller's --lease-duration (2; the command's default is 15)",
+    )
+    parser.add_argument(
         "--seed-http",
         action="store_true",
         help="seed through the API (4 requests a pod) instead of in-process",
@@ -300,4 +308,4 @@ if __name__ == "__main__":
     if pods > nodes * 8:
         parser.error(f"--pods {pods} needs at least {(pods + 7) // 8} nodes of 8 devices")
     print(asyncio.run(run(nodes, pods, args.faults, args.churn, args.churn_seconds,
-                          args.seed_http)))  # fmt: skip
+                          args.seed_http, args.lease_duration)))  # fmt: skip
