@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import datetime
+import gc
 import json
 import logging
 import os
@@ -82,6 +84,17 @@ HISTORY_CONFIGMAP = "drahealth-remediation-history"
 HISTORY_LENGTH = 200
 COMPONENT = "drahealth-controller"
 JSON = dict[str, Any]
+
+
+def _release_list_memory() -> None:
+    """Hand the heap the initial LISTs used (their bodies, decoded once) back to the OS.
+
+    glibc keeps freed memory in the process; at 50,000 pods that is hundreds of MB the
+    controller never needs again. Elsewhere (no glibc) this only runs the collector.
+    """
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _now_text() -> str:
@@ -165,6 +178,7 @@ class RemediationController:
                 await r.wait_synced()
             await self._load_history()
             self._seed()
+            _release_list_memory()
             tasks.append(asyncio.create_task(self.evictor.run(), name="evictor"))
             log.info("%s: remediation controller active", self.identity)
             while True:
