@@ -9,8 +9,9 @@ kubelet (observer mode). The sans-I/O rules (health cache, status builder) live 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from drahealth._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from drahealth.node._agent import NodeAgent
@@ -26,14 +27,4 @@ _EXPORTS: dict[str, str] = {
 __all__ = ["AgentConfig", "NodeAgent"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
