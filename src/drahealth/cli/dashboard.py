@@ -13,10 +13,10 @@ import os
 
 import click
 
-from drahealth._agent_records import DEFAULT_NAMESPACE
 from drahealth._aio import wait_for_stop_signal
 from drahealth._api_failures import CommandError, api_failures, load_checked
 from drahealth._http_guard import check_allowed_hosts
+from drahealth.core import DEFAULT_NAMESPACE
 
 __all__ = ["dashboard_command"]
 

@@ -8,7 +8,7 @@ pod, so scripts and alerts can use it. Where RBAC forbids cluster-wide reads of 
 the commands fall back to the kubeconfig's namespace and say so.
 
 Device health is read from the node agents' records in ``--agent-namespace`` only (see
-:mod:`drahealth._agent_records`). Text from the API is shown as plain text: no rich
+:mod:`drahealth.core`). Text from the API is shown as plain text: no rich
 markup, escape sequences and control characters removed. When the API cannot be used
 the commands print one ``error:`` line and exit 1 (2 for usage errors).
 """
@@ -31,9 +31,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from drahealth._agent_records import DEFAULT_NAMESPACE, LABELS, agent_records
 from drahealth._api_failures import api_failures, load_checked
 from drahealth._text import json_text, printable
+from drahealth.core import DEFAULT_NAMESPACE, LABELS, agent_records
 from drahealth.kube import make_sync_client
 
 __all__ = ["history_command", "pods_command", "status_command", "watch_command"]

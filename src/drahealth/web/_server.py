@@ -7,7 +7,7 @@ build step), ``/api/state`` the current :func:`~._state.snapshot`, ``/api/events
 ``/api/history?device=DRIVER/POOL/DEVICE`` the device's controller actions and Events,
 and ``/healthz``. Reflectors on the kinds the snapshot reads keep it current; device
 health comes only from the node agents' records in ``agent_namespace`` (see
-:mod:`drahealth._agent_records`). The JSON served is always valid JSON: a state that
+:mod:`drahealth.core`). The JSON served is always valid JSON: a state that
 cannot be written without NaN/Infinity is not published (the last good one stays).
 
 Bounds: at most :data:`MAX_STREAMS` event streams at once (more get 503); each stream
@@ -40,10 +40,10 @@ from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import ConfigMap, Event, Pod
 from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim, ResourceSlice
 
-from drahealth._agent_records import DEFAULT_NAMESPACE, LABELS, agent_records
 from drahealth._aio import cancel_and_wait
 from drahealth._http_guard import HTTPGuard, HTTPLimits
 from drahealth._text import json_text
+from drahealth.core import DEFAULT_NAMESPACE, LABELS, agent_records
 from drahealth.kube import Reflector
 from drahealth.remedy import RuleError, apply_taint, parse_device, remove_taints
 from drahealth.web._state import snapshot

@@ -4,7 +4,7 @@ Owns :func:`snapshot`: every device of every ResourceSlice, grouped by node, wit
 health and message (the agents' device-health records, then pod status), its taints
 (DeviceTaintRules and slice taints) and the pods using it. Pure; the server calls it on
 every change and pushes the result when it differs. The caller passes only the agents'
-own records (see :mod:`drahealth._agent_records`). A record's ``since`` that is not a
+own records (the convention in :mod:`drahealth.core`). A record's ``since`` that is not a
 finite number is shown as unknown (None) and reported through ``warn``, so the state is
 always valid JSON.
 """
