@@ -32,7 +32,6 @@ from drahealth.core import (
 )
 from drahealth.driver._health_service import (
     MIN_HEARTBEAT_SECONDS,
-    Mailbox,
     StreamFanout,
     add_health_servicers,
 )
@@ -113,10 +112,6 @@ class HealthHub:
     def heartbeat_interval(self) -> float:
         """Seconds between re-sends without changes: a third of the smallest timeout."""
         return self._streams.heartbeat_interval
-
-    @property
-    def _mailboxes(self) -> set[Mailbox]:
-        return self._streams.mailboxes
 
     # -- device list -----------------------------------------------------------------
 

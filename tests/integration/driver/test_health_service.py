@@ -192,7 +192,7 @@ async def test_stalled_reader_does_not_delay_others() -> None:
         assert worst < 0.1, worst
         assert hub.stream_count == 2
         # gRPC flow control really backed the stalled stream up: it is far behind.
-        assert min(m.sent for m in hub._mailboxes) < hub.version - 100
+        assert min(m.sent for m in hub._streams.mailboxes) < hub.version - 100
         # The stalled stream then catches up: newest data last, never stale after fresh.
         seen: list[int] = []
         async for msg in stalled:
