@@ -66,36 +66,55 @@ def status(device: str, pool: str, health: str, message: str = "") -> dict[str, 
     return {"status": {"phase": "Running", "containerStatuses": [container]}}
 
 
+def slice_body(node: str) -> dict[str, object]:
+    return {
+        "metadata": {"name": f"{node}-{DRIVER}"},
+        "spec": {"driver": DRIVER, "nodeName": node,
+                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                 "devices": [{"name": f"gpu-{i}"} for i in range(8)]},
+    }  # fmt: skip
+
+
+def claim_body(name: str) -> dict[str, object]:
+    request = {"name": "gpu", "exactly": {"deviceClassName": "g"}}
+    return {
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [request]}},
+    }
+
+
+def allocation(pool: str, device: str) -> dict[str, object]:
+    result = {"request": "gpu", "driver": DRIVER, "pool": pool, "device": device}
+    return {"status": {"allocation": {"devices": {"results": [result]}}}}
+
+
+def pod_body(name: str, pool: str) -> dict[str, object]:
+    container = {"name": "m", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}
+    return {
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"nodeName": pool, "containers": [container],
+                 "resourceClaims": [{"name": "gpu", "resourceClaimName": name}]},
+    }  # fmt: skip
+
+
+def placement(pods: int) -> list[tuple[str, str, str]]:
+    """(pod, pool, device) for every pod: eight pods a node, one device each."""
+    return [(f"p{i}", f"node-{i // 8}", f"gpu-{i % 8}") for i in range(pods)]
+
+
 async def seed(client: AsyncClient, nodes: int, pods: int) -> list[tuple[str, str, str]]:
-    """(pod, pool, device) for every pod."""
+    """Seed through the API; (pod, pool, device) for every pod."""
     for n in range(nodes):
-        node = f"node-{n}"
-        await client.create(ResourceSlice.from_dict({
-            "metadata": {"name": f"{node}-{DRIVER}"},
-            "spec": {"driver": DRIVER, "nodeName": node,
-                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                     "devices": [{"name": f"gpu-{i}"} for i in range(8)]},
-        }))  # fmt: skip
-    placed = [(f"p{i}", f"node-{i // 8}", f"gpu-{i % 8}") for i in range(pods)]
+        await client.create(ResourceSlice.from_dict(slice_body(f"node-{n}")))
+    placed = placement(pods)
 
     async def one(name: str, pool: str, device: str) -> None:
-        request = {"name": "gpu", "exactly": {"deviceClassName": "g"}}
-        await client.create(ResourceClaim.from_dict({
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"devices": {"requests": [request]}},
-        }))  # fmt: skip
-        result = {"request": "gpu", "driver": DRIVER, "pool": pool, "device": device}
+        await client.create(ResourceClaim.from_dict(claim_body(name)))
         await client.patch(
-            ResourceClaim.Status, name,
-            {"status": {"allocation": {"devices": {"results": [result]}}}},
+            ResourceClaim.Status, name, allocation(pool, device),
             namespace="default", patch_type=PatchType.MERGE,
         )  # fmt: skip
-        container = {"name": "m", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}
-        await client.create(Pod.from_dict({
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"nodeName": pool, "containers": [container],
-                     "resourceClaims": [{"name": "gpu", "resourceClaimName": name}]},
-        }))  # fmt: skip
+        await client.create(Pod.from_dict(pod_body(name, pool)))
         await client.patch(
             Pod.Status, name, status(device, pool, "Healthy"), namespace="default",
             patch_type=PatchType.MERGE,
@@ -123,30 +142,12 @@ def seed_in_process(server: APIServer, nodes: int, pods: int) -> list[tuple[str,
     assert slices is not None and claims is not None and pods_rt is not None
     opts = WriteOptions(manager="bench")
     for n in range(nodes):
-        node = f"node-{n}"
-        engine.create(slices, None, {
-            "metadata": {"name": f"{node}-{DRIVER}"},
-            "spec": {"driver": DRIVER, "nodeName": node,
-                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                     "devices": [{"name": f"gpu-{i}"} for i in range(8)]},
-        }, opts)  # fmt: skip
-    placed = [(f"p{i}", f"node-{i // 8}", f"gpu-{i % 8}") for i in range(pods)]
+        engine.create(slices, None, slice_body(f"node-{n}"), opts)
+    placed = placement(pods)
     for name, pool, device in placed:
-        request = {"name": "gpu", "exactly": {"deviceClassName": "g"}}
-        engine.create(claims, "default", {
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"devices": {"requests": [request]}},
-        }, opts)  # fmt: skip
-        result = {"request": "gpu", "driver": DRIVER, "pool": pool, "device": device}
-        engine.patch(claims, "default", name, MERGE,
-                     {"status": {"allocation": {"devices": {"results": [result]}}}},
-                     "status", opts)  # fmt: skip
-        container = {"name": "m", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}
-        engine.create(pods_rt, "default", {
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"nodeName": pool, "containers": [container],
-                     "resourceClaims": [{"name": "gpu", "resourceClaimName": name}]},
-        }, opts)  # fmt: skip
+        engine.create(claims, "default", claim_body(name), opts)
+        engine.patch(claims, "default", name, MERGE, allocation(pool, device), "status", opts)
+        engine.create(pods_rt, "default", pod_body(name, pool), opts)
         engine.patch(pods_rt, "default", name, MERGE, status(device, pool, "Healthy"),
                      "status", opts)  # fmt: skip
     return placed
