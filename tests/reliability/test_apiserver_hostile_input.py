@@ -32,6 +32,8 @@ from drahealth.controlplane._engine import WriteOptions
 from drahealth.controlplane._protobuf import MAGIC
 from drahealth.controlplane._resources import lookup
 from tests._support import eventually
+from tests.rawproto import field_bytes as _ld
+from tests.rawproto import field_varint
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -329,20 +331,6 @@ async def test_deep_nesting_is_400_not_500(http: aiohttp.ClientSession) -> None:
     await healthy(http)
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _ld(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
 def _pb_configmap(meta: bytes) -> bytes:
     envelope = _ld(1, _ld(1, b"v1") + _ld(2, b"ConfigMap")) + _ld(2, _ld(1, meta))
     return MAGIC + envelope
@@ -362,7 +350,7 @@ async def test_malformed_protobuf_is_400_and_unsupported_kinds_415(
     code, body, _ = await call(http, "POST", CMS, bad_label, pb)
     assert code == 400 and "labels" in body["message"], body
     for seconds in (1 << 62, (1 << 64) - (1 << 62)):
-        time_msg = _varint(1 << 3) + _varint(seconds)
+        time_msg = field_varint(1, seconds)
         far = _pb_configmap(_ld(1, b"pb-t") + _ld(8, time_msg))
         code, body, _ = await call(http, "POST", CMS, far, pb)
         assert code == 400 and "out of range" in body["message"], body
