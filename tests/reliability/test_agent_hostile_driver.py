@@ -15,10 +15,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import shutil
-import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -35,22 +33,14 @@ from drahealth.node._pipeline import HealthPipeline
 from drahealth.node._registry import PluginRegistry
 from drahealth.node._types import PluginInfo
 from tests import rawproto
-from tests.integration.node.test_stream import STALL, RawPlugin, Step, dev, eventually, response
+from tests._support import eventually
+from tests.integration.node.test_stream import STALL, RawPlugin, Step, dev, response
 
 pytestmark = pytest.mark.timeout(60)
 
 H, U, X = Health.HEALTHY, Health.UNHEALTHY, Health.UNKNOWN
 GPU = "gpu.example.com"
 XID = response(dev("gpu-0", U, "XID 79"))
-
-
-@pytest.fixture
-def sockdir() -> Iterator[str]:
-    d = tempfile.mkdtemp(dir="/tmp", prefix="dhh-")
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def bad_utf8() -> bytes:
