@@ -261,18 +261,8 @@ async def test_when_every_connection_serves_a_request_a_new_one_gets_503() -> No
 
 
 @pytest.fixture
-async def api() -> AsyncIterator[APIServer]:
-    server = APIServer()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
-
-
-@pytest.fixture
-async def kube(api: APIServer) -> AsyncIterator[AsyncClient]:
-    client = make_client(server_url=api.url, timeout=5.0)
+async def kube(server: APIServer) -> AsyncIterator[AsyncClient]:
+    client = make_client(server_url=server.url, timeout=5.0)
     try:
         yield client
     finally:
@@ -292,12 +282,14 @@ async def _status(
 NS = b'{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"%s"}}'
 
 
-async def test_api_server_refuses_foreign_host_and_cross_origin_writes(api: APIServer) -> None:
-    url = api.url + "/api/v1/namespaces"
-    own = f"127.0.0.1:{api.port}"
+async def test_api_server_refuses_foreign_host_and_cross_origin_writes(
+    server: APIServer,
+) -> None:
+    url = server.url + "/api/v1/namespaces"
+    own = f"127.0.0.1:{server.port}"
     json_type = {"Content-Type": "application/json"}
     # DNS rebinding: a name that resolves to 127.0.0.1 but is not ours.
-    code, text = await _status("GET", url, {"Host": f"evil.example:{api.port}"})
+    code, text = await _status("GET", url, {"Host": f"evil.example:{server.port}"})
     assert code == 403 and "evil.example" in text
     code, _ = await _status(
         "POST", url, {**json_type, "Host": own, "Origin": "http://evil.example"}, NS % b"x1"
@@ -308,7 +300,7 @@ async def test_api_server_refuses_foreign_host_and_cross_origin_writes(api: APIS
     # kubectl and lightkube: no Origin, Host 127.0.0.1:PORT (or localhost / [::1]).
     code, _ = await _status("POST", url, {**json_type, "Host": own}, NS % b"ok1")
     assert code == 201
-    for host in (f"localhost:{api.port}", f"[::1]:{api.port}", "LOCALHOST"):
+    for host in (f"localhost:{server.port}", f"[::1]:{server.port}", "LOCALHOST"):
         code, _ = await _status("GET", url, {"Host": host})
         assert code == 200, host
     # The server's own origin may write (a page it served itself).
