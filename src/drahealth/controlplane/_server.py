@@ -290,7 +290,7 @@ class APIServer:
             text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8"
         )
 
-    def _too_large(self, raw: str | None) -> None:
+    def _refuse_future_rv(self, raw: str | None) -> None:
         """504 "Too large resource version" for a resourceVersion newer than ours."""
         try:
             requested = int(raw) if raw else 0
@@ -534,7 +534,7 @@ class APIServer:
                 labels, fields = self._selectors(request, rt)
                 if _truthy(q.get("watch")):
                     return await self._watch(request, rt, ns, labels, fields)
-                self._too_large(q.get("resourceVersion"))
+                self._refuse_future_rv(q.get("resourceVersion"))
                 items = self.engine.select(rt, ns, labels, fields)
                 if as_table:
                     return _respond(table(rt, items, str(self.store.rv), include))
@@ -657,7 +657,7 @@ class APIServer:
             return labels.matches(meta.get("labels")) and fields.matches(obj)
 
         if since is not None:
-            self._too_large(str(since))
+            self._refuse_future_rv(str(since))
         resp = web.StreamResponse(status=200)
         resp.content_type = "application/json"
         resp.enable_chunked_encoding()
