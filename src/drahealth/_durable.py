@@ -5,9 +5,14 @@ directory fsync: after a crash at any instant the file holds the old or the new
 content; short writes are continued and a write that makes no progress is an error,
 so a full disk never replaces a good file with a cut-off one) with its primitives
 :func:`write_all` and :func:`fsync_dir`, :func:`quarantine` (move a corrupt file
-aside so nothing is lost and the next start begins clean), and a small versioned,
+aside so nothing is lost and the next start begins clean), a small versioned,
 checksummed JSON envelope (:func:`dump_envelope` / :func:`load_envelope`) for state
-files that are rewritten whole.
+files that are rewritten whole, and the checksummed line of append-only logs
+(:func:`checksummed_line` / :func:`read_checksummed_line`).
+
+Line format (one record per line)::
+
+    <crc32 of the JSON bytes, 8 lowercase hex digits> <compact JSON object>
 
 Envelope format::
 
@@ -25,16 +30,20 @@ import errno
 import hashlib
 import json
 import os
+import zlib
 from collections.abc import Iterable
 from typing import Any
 
 __all__ = [
+    "LineChecksumError",
     "atomic_write",
     "checksum",
+    "checksummed_line",
     "dump_envelope",
     "fsync_dir",
     "load_envelope",
     "quarantine",
+    "read_checksummed_line",
     "write_all",
 ]
 
@@ -145,3 +154,36 @@ def load_envelope(raw: bytes, version: int, key: str) -> Any:
             f"checksum mismatch (file says {doc.get('checksum')!r}, content is {expected})"
         )
     return body
+
+
+class LineChecksumError(ValueError):
+    """A log line whose frame or checksum does not verify (a torn append when it is the
+    last line of a log)."""
+
+
+def checksummed_line(body: bytes) -> bytes:
+    """``<crc32> <body>\\n`` for the compact JSON bytes ``body`` of one record."""
+    return b"%08x %s\n" % (zlib.crc32(body), body)
+
+
+def read_checksummed_line(line: bytes) -> dict[str, Any]:
+    """The JSON object of one checksummed line (without its newline).
+
+    :class:`LineChecksumError` when the frame or the checksum does not verify;
+    ``ValueError`` when the verified body is not a JSON object.
+    """
+    if len(line) < 10 or line[8:9] != b" ":
+        raise LineChecksumError("not a '<crc32> <json>' record line")
+    crc_text, body = line[:8], line[9:]
+    if crc_text.strip(b"0123456789abcdef"):
+        raise LineChecksumError(f"checksum {crc_text!r} is not 8 lowercase hex digits")
+    stored, computed = int(crc_text, 16), zlib.crc32(body)
+    if stored != computed:
+        raise LineChecksumError(f"checksum mismatch (stored {stored:08x}, computed {computed:08x})")
+    try:
+        record = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"record is not valid JSON ({exc})") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"record is a JSON {type(record).__name__}, not an object")
+    return record

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import zlib
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from drahealth._durable import atomic_write
+from drahealth._durable import atomic_write, checksummed_line, read_checksummed_line
 
 JSON = dict[str, Any]
 State = dict[str, dict[tuple[str, str], JSON]]
@@ -44,33 +43,17 @@ class DataFileError(RuntimeError):
     """The data file exists but is unreadable, corrupt or of an unknown version."""
 
 
-class _BadLine(ValueError):
-    """A line whose checksum does not verify (a torn write when it is the last one)."""
-
-
 # --------------------------------------------------------------------------- line codec
 
 
 def encode_line(record: JSON) -> bytes:
-    """``<crc32> <compact JSON>\\n``."""
-    body = msgspec.json.encode(record)
-    return b"%08x %s\n" % (zlib.crc32(body), body)
+    """One checksummed log line (the format of :mod:`drahealth._durable`)."""
+    return checksummed_line(msgspec.json.encode(record))
 
 
-def decode_line(line: bytes) -> JSON:
-    """The JSON object of one line (without its newline); ValueError says what is wrong."""
-    if len(line) < 10 or line[8:9] != b" " or line[:8].strip(b"0123456789abcdef"):
-        raise _BadLine("not a '<crc32> <json>' line")
-    body = line[9:]
-    if int(line[:8], 16) != zlib.crc32(body):
-        raise _BadLine("checksum mismatch")
-    try:
-        doc = json.loads(body)
-    except ValueError as e:
-        raise ValueError(f"not JSON ({e})") from None
-    if not isinstance(doc, dict):
-        raise ValueError(f"a JSON {type(doc).__name__}, not an object")
-    return doc
+#: The JSON object of one line (without its newline); ``LineChecksumError`` when it does
+#: not verify (torn), ``ValueError`` when it is not a JSON object.
+decode_line = read_checksummed_line
 
 
 # --------------------------------------------------------------------------- writing

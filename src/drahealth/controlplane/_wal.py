@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from drahealth import _durable
+from drahealth._durable import LineChecksumError
 
 from . import _persist
 from ._persist import DataFileError, decode_line, encode_line
@@ -151,7 +152,7 @@ def replay(path: Path, base_rv: int, state: _persist.State) -> tuple[int, int, i
         number = index + 2
         try:
             rec = decode_line(line)
-        except _persist._BadLine as e:
+        except LineChecksumError as e:
             if index == len(lines) - 2:
                 break  # the last complete line of an interrupted append
             raise DataFileError(f"{path}: corrupt log (line {number}: {e})") from None

@@ -38,11 +38,15 @@ import json
 import math
 import os
 import time
-import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from drahealth._durable import atomic_write
+from drahealth._durable import (
+    LineChecksumError,
+    atomic_write,
+    checksummed_line,
+    read_checksummed_line,
+)
 from drahealth.core import DeviceEntry, DeviceKey, Health
 
 __all__ = ["FORMAT", "VERSION", "HealthStore", "HealthStoreError"]
@@ -260,7 +264,7 @@ class HealthStore:
 
 def _line(record: dict[str, Any]) -> bytes:
     body = json.dumps(record, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-    return b"%08x %s\n" % (zlib.crc32(body), body)
+    return checksummed_line(body)
 
 
 def _set_line(entry: DeviceEntry) -> bytes:
@@ -333,22 +337,12 @@ def _check_set(record: dict[str, Any]) -> DeviceEntry:
 
 def _parse_line(line: bytes) -> dict[str, Any]:
     """Check the checksum of one record line (without its newline); its JSON object."""
-    if len(line) < 10 or line[8:9] != b" ":
-        raise _BadChecksum("not a '<crc32> <json>' record line")
-    crc_text, body = line[:8], line[9:]
-    if crc_text.strip(b"0123456789abcdef"):
-        raise _BadChecksum(f"checksum {crc_text!r} is not 8 lowercase hex digits")
-    stored = int(crc_text, 16)
-    computed = zlib.crc32(body)
-    if stored != computed:
-        raise _BadChecksum(f"checksum mismatch (stored {stored:08x}, computed {computed:08x})")
     try:
-        record = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _Corrupt(f"record is not valid JSON ({exc})") from None
-    if not isinstance(record, dict):
-        raise _Corrupt(f"record is a JSON {type(record).__name__}, not an object")
-    return record
+        return read_checksummed_line(line)
+    except LineChecksumError as exc:
+        raise _BadChecksum(str(exc)) from None
+    except ValueError as exc:
+        raise _Corrupt(str(exc)) from None
 
 
 def _check_header(line: bytes) -> int:
