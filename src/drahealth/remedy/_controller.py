@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import datetime
 import gc
 import json
 import logging
@@ -50,6 +49,7 @@ from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim, Reso
 from lightkube.types import PatchType
 
 from drahealth._aio import cancel_and_wait
+from drahealth._time import now_rfc3339
 from drahealth.core import (
     ClusterModel,
     Consumer,
@@ -95,10 +95,6 @@ def _release_list_memory() -> None:
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-
-
-def _now_text() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 #: A pass yields to the event loop after this many devices observed.
@@ -399,7 +395,7 @@ class RemediationController:
             "status": "False",
             "reason": "DryRun",
             "message": message,
-            "lastTransitionTime": _now_text(),
+            "lastTransitionTime": now_rfc3339(),
         }
         try:
             await self.client.patch(
@@ -516,7 +512,7 @@ class RemediationController:
     def _record(self, action: str, subject: str, message: str) -> None:
         self._history.append(
             {
-                "time": _now_text(),
+                "time": now_rfc3339(),
                 "by": self.identity,
                 "action": action,
                 "subject": subject,
