@@ -205,6 +205,14 @@ async def test_fault_taint_recovery_and_leader_handover(
     for device in ("gpu-0", "gpu-1"):
         assert (await inject(driver.state, device, "healthy"))[0] == 0
     await wait_rules(kube, 0, 4.0)
+    # each delete is logged once the API answered it, which may be after our watch saw it
+    deadline = time.monotonic() + 5
+    while not all(
+        re.search(rf"\buntainted gpu.example.com/node-1/{device}\b", standby.output)
+        for device in ("gpu-0", "gpu-1")
+    ):
+        assert time.monotonic() < deadline, standby.output
+        await asyncio.sleep(0.02)
     log = leader.output + standby.output
     for device in ("gpu-0", "gpu-1"):
         assert len(re.findall(rf"\btainted gpu.example.com/node-1/{device}\b", log)) == 1, log
