@@ -1,8 +1,8 @@
 """Worker for the flood tests: serves one of our HTTP servers the way a deployment does.
 
 ``python -m tests.reliability._http_flood_worker KIND HEADER_TIMEOUT`` with KIND one of
-``apiserver``, ``dashboard`` (with its own API server to read from) or ``metrics``. The
-parent starts it with the usual soft ``RLIMIT_NOFILE`` of 1024; it logs to stderr at
+``apiserver``, ``dashboard`` (with its own API server to read from) or ``metrics``. It
+sets itself the usual soft ``RLIMIT_NOFILE`` of 1024; it logs to stderr at
 WARNING as the CLI does, prints ``ready PORT`` once serving and stops at EOF on stdin.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import sys
 from typing import Any
 
@@ -62,6 +63,10 @@ async def main(kind: str, header_timeout: float) -> None:
 
 
 if __name__ == "__main__":
+    # the usual soft descriptor limit, set here rather than between fork and exec in the
+    # parent (which runs gRPC threads, and a fork there is not safe)
+    _soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, _hard))
     logging.basicConfig(
         level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

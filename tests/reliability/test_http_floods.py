@@ -58,18 +58,13 @@ def many_fds() -> Iterator[None]:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-def _usual_fd_limit() -> None:
-    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
-
-
 def _start_worker(kind: str, stderr_path: Path) -> tuple[subprocess.Popen[str], int]:
     with stderr_path.open("w") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.reliability._http_flood_worker", kind,
              str(HEADER_TIMEOUT)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)}, preexec_fn=_usual_fd_limit,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
         )  # fmt: skip
     assert proc.stdout is not None
     with selectors.DefaultSelector() as sel:
