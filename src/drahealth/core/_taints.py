@@ -16,7 +16,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["NOW", "Taint", "eviction_due", "request_tolerations", "selects", "tolerated"]
+__all__ = [
+    "NOW",
+    "Taint",
+    "eviction_due",
+    "request_tolerations",
+    "selector_scope",
+    "selects",
+    "tolerated",
+]
 
 #: :func:`eviction_due`'s answer for "at once".
 NOW = float("-inf")
@@ -64,6 +72,29 @@ def selects(selector: Mapping[str, Any] | None, driver: str, pool: str, device: 
         return False
     wanted = (("driver", driver), ("pool", pool), ("device", device))
     return all(selector.get(field) in (None, "", value) for field, value in wanted)
+
+
+def selector_scope(selector: Mapping[str, Any] | None) -> str:
+    """How wide a DeviceTaintRule's ``deviceSelector`` reaches.
+
+    ``"none"`` (nil selector: selects nothing), ``"device"`` (driver, pool and device
+    named), ``"pool"``/``"driver"`` (a whole pool or driver), ``"partial"`` (some fields
+    without the driver, e.g. a device name in every driver), or ``"all"``: an empty
+    selector, which upstream applies to *every* device in the cluster (kubernetes
+    #141422: one such rule evicted every pod using a DRA device). A 1.34 alpha selector
+    with only ``deviceClassName`` or CEL ``selectors`` counts as ``"all"`` here too:
+    from 1.35 on those fields are gone and the rule selects everything.
+    """
+    if selector is None:
+        return "none"
+    driver, pool, device = (bool(selector.get(f)) for f in ("driver", "pool", "device"))
+    if driver and pool and device:
+        return "device"
+    if driver and pool:
+        return "pool"
+    if driver and not device:
+        return "driver"
+    return "partial" if (pool or device or driver) else "all"
 
 
 def eviction_due(taint: Taint, tolerations: Iterable[Any], added: float | None) -> float | None:
