@@ -20,6 +20,16 @@ from ._client import (
     make_client,
     make_sync_client,
 )
+from ._discovery import (
+    DRA_GROUP,
+    DiscoveryError,
+    ServedAPIs,
+    discover,
+    discover_sync,
+    parse_discovery,
+    resource_class,
+    to_internal,
+)
 from ._events import make_event
 from ._leader import LeaderElector
 from ._ops import (
@@ -51,19 +61,24 @@ from ._reflector import (
 __all__ = [
     "DEFAULT_KUBECONFIG",
     "DEFAULT_TIMEOUT",
+    "DRA_GROUP",
     "SERVICE_ACCOUNT_DIR",
     "Backoff",
+    "DiscoveryError",
     "EventStream",
     "KubeConfigError",
     "LeaderElector",
     "ObjectCache",
     "Reflector",
     "ReflectorEvent",
+    "ServedAPIs",
     "Store",
     "WatchErrorEvent",
     "apply",
     "apply_status",
     "as_dict",
+    "discover",
+    "discover_sync",
     "embedded_kubeconfig",
     "is_already_exists",
     "is_conflict",
@@ -74,10 +89,13 @@ __all__ = [
     "make_event",
     "make_sync_client",
     "object_key",
+    "parse_discovery",
     "patch_status",
+    "resource_class",
     "resource_version",
     "retry_on_conflict",
     "rv_newer",
     "status_code",
+    "to_internal",
     "write_configmap_data",
 ]
