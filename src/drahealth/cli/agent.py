@@ -3,7 +3,9 @@
 Parses options into an :class:`~drahealth.node.AgentConfig`, builds the API
 client, runs the agent until SIGTERM/SIGINT, and turns start-up errors into exit
 code 1 with a message naming the problem (2 for usage errors, from click). Prints
-``ready: <registry dir>`` once the agent watches for plugins.
+``ready: <registry dir>`` once the agent watches for plugins. With ``--metrics-port``,
+``/readyz`` says whether the agent's view of the node is synced and, with API access,
+whether the API server answers (:mod:`drahealth.cli._readiness`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import click
 from drahealth import api
 from drahealth._aio import on_stop_signals
 from drahealth.cli._options import IN_CLUSTER, METRICS_HOST
+from drahealth.cli._readiness import API_CHECK_INTERVAL
 from drahealth.kube import KubeConfigError
 
 __all__ = ["agent_command", "parse_feature_gates"]
@@ -149,6 +152,7 @@ def _gates(ctx: click.Context, param: click.Parameter, value: str) -> dict[str, 
 )
 @click.option("--resync-interval", type=click.FloatRange(min=0.1), default=60.0, hidden=True)
 @click.option("--probe-interval", type=click.FloatRange(min=0.05), default=10.0, hidden=True)
+@API_CHECK_INTERVAL
 def agent_command(
     mode: str,
     node_name: str,
@@ -169,6 +173,7 @@ def agent_command(
     podresources_interval: float,
     resync_interval: float,
     probe_interval: float,
+    api_check_interval: float,
 ) -> None:
     """Run the node agent: the kubelet's DRA device-health pipeline."""
     from drahealth.node import AgentConfig
@@ -199,12 +204,14 @@ def agent_command(
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     try:
-        asyncio.run(_run(config, kubeconfig, in_cluster))
+        asyncio.run(_run(config, kubeconfig, in_cluster, api_check_interval))
     except (KubeConfigError, ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
 
 
-async def _run(config: object, kubeconfig: str | None, in_cluster: bool) -> None:
+async def _run(
+    config: object, kubeconfig: str | None, in_cluster: bool, api_check_interval: float
+) -> None:
     from drahealth.node import AgentConfig, NodeAgent
 
     assert isinstance(config, AgentConfig)
@@ -214,11 +221,17 @@ async def _run(config: object, kubeconfig: str | None, in_cluster: bool) -> None
 
         client = make_client(kubeconfig)
     os.makedirs(config.registry_dir, exist_ok=True)
+    from drahealth.cli._readiness import ApiCheck, agent_readiness, all_of
+
     agent = NodeAgent(config, client, say=click.echo)
+    api_check = ApiCheck(client, max_age=api_check_interval) if client is not None else None
     stop = asyncio.Event()
     with on_stop_signals(stop.set):
         try:
             await agent.start()
+            if agent.metrics_server is not None:
+                checks = [agent_readiness(agent)] + ([api_check] if api_check else [])
+                agent.metrics_server.ready = all_of(*checks)
             for problem in agent.problems:
                 click.echo(f"warning: {problem}", err=True)
             # what was built at start lives as long as the process: take it out of the
@@ -228,6 +241,8 @@ async def _run(config: object, kubeconfig: str | None, in_cluster: bool) -> None
             click.echo(f"ready: {config.registry_dir}")
             await stop.wait()
         finally:
+            if api_check is not None:
+                await api_check.close()
             await agent.stop()
             if client is not None:
                 await client.close()

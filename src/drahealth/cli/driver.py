@@ -3,6 +3,9 @@
 ``driver_command`` runs the sample driver (:class:`drahealth.simdriver.SampleDriverApp`) in the
 foreground. This module only parses options, prints, and turns errors into exit
 codes: 0 on success, 1 when the driver could not start, 2 for usage errors (click).
+With ``--metrics-port``, ``/readyz`` says whether the kubelet has the plugin registered,
+its ResourceSlices were published and the API server answers
+(:mod:`drahealth.cli._readiness`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ import socket
 import click
 
 from drahealth import api
+from drahealth._aio import cancel_and_wait, on_stop_signals
+from drahealth._metrics_http import Readiness
 from drahealth.cli._options import IN_CLUSTER, METRICS_HOST
+from drahealth.cli._readiness import API_CHECK_INTERVAL, ApiCheck, all_of, driver_readiness
 from drahealth.driver import DEFAULT_CDI_DIR, CheckpointError
 from drahealth.kube import KubeConfigError
 from drahealth.simdriver import (
@@ -138,6 +144,7 @@ def _say(line: str) -> None:
     is_flag=True,
     help="Answer prepares from a ResourceClaim watch cache; a miss falls back to a GET.",
 )
+@API_CHECK_INTERVAL
 def driver_command(
     profile: str,
     driver_name: str | None,
@@ -159,6 +166,7 @@ def driver_command(
     error_type_field: bool,
     sysfs_root: str,
     claim_cache: bool,
+    api_check_interval: float,
 ) -> None:
     """Run the sample DRA driver with simulated devices until SIGTERM/SIGINT."""
     config = SampleDriverConfig(
@@ -185,6 +193,42 @@ def driver_command(
     )
     try:
         app = SampleDriverApp(config, say=_say)
-        asyncio.run(app.run())
+        asyncio.run(_run(app, api_check_interval))
     except (CheckpointError, KubeConfigError, ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+async def _run(app: SampleDriverApp, api_check_interval: float) -> None:
+    """``app.run()`` plus the readiness of ``/readyz`` once the driver has started."""
+    api_check: ApiCheck | None = None
+    published = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+
+    async def watch_published() -> None:
+        assert app.publisher is not None
+        while True:  # wait_synced gives up after its timeout: keep waiting
+            try:
+                await app.publisher.wait_synced(timeout=60)
+            except TimeoutError:
+                continue
+            published.set()
+            return
+
+    with on_stop_signals(app.request_stop):
+        try:
+            await app.start()
+            if app.metrics_server is not None:
+                checks: list[Readiness]
+                if app.publisher is not None and app.client is not None:
+                    tasks.append(asyncio.create_task(watch_published(), name="slices-published"))
+                    api_check = ApiCheck(app.client, max_age=api_check_interval)
+                    checks = [driver_readiness(app, published), api_check]
+                else:
+                    checks = [driver_readiness(app)]
+                app.metrics_server.ready = all_of(*checks)
+            await app.wait()
+        finally:
+            await cancel_and_wait(tasks)
+            if api_check is not None:
+                await api_check.close()
+            await app.stop()
