@@ -109,6 +109,8 @@ from drahealth.core._releases import (
     kube_profile,
     parse_feature_gates,
     parse_kube_version,
+    release_of,
+    unserved_reason,
 )
 from drahealth.core._remedy_engine import RemedyEngine, Want
 from drahealth.core._status import (
@@ -234,6 +236,7 @@ __all__ = [
     "positive_seconds",
     "record_labels",
     "record_name",
+    "release_of",
     "request_tolerations",
     "resolve_claim_name",
     "resolve_resource",
@@ -241,4 +244,5 @@ __all__ = [
     "selects",
     "tolerated",
     "truncate_message",
+    "unserved_reason",
 ]

@@ -16,6 +16,7 @@ docs/operations.md, "Kubernetes versions".
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -35,6 +36,8 @@ __all__ = [
     "kube_profile",
     "parse_feature_gates",
     "parse_kube_version",
+    "release_of",
+    "unserved_reason",
 ]
 
 #: The releases drahealth supports, oldest first.
@@ -310,3 +313,52 @@ def choose_remediation_mode(
             "(DRADeviceTaintRules) or choose node-taint, cordon, evict-only or report-only"
         )
     return requested, f"chosen: {requested}" + (f" ({served} served)" if served else "")
+
+
+def release_of(server_version: str) -> str | None:
+    """``v1.36.2-gke.100`` or ``v1.35.0+k3s1`` -> ``1.36``/``1.35``; None if not a version.
+
+    The minor release of a server's ``gitVersion`` (vendors add suffixes), supported or not.
+    """
+    match = re.match(r"v?(\d{1,4})\.(\d{1,4})(?:\.\d{1,6})?(?:[-+].*)?$", server_version.strip())
+    return f"{int(match[1])}.{int(match[2])}" if match else None
+
+
+def unserved_reason(kind: str, server_version: str) -> str:
+    """Why a server whose ``gitVersion`` is ``server_version`` serves no ``kind``, and the fix.
+
+    One clause for messages such as "DeviceTaintRules: not served by this server (<this>)":
+    the release and the gate (or API version) it is served without, then what an
+    administrator enables to get it (``--feature-gates`` and ``--runtime-config`` of the
+    kube-apiserver, as upstream names them). An unknown or unsupported release is named as
+    the server gave it.
+    """
+    release = release_of(server_version)
+    if release not in KUBE_VERSIONS:
+        shown = server_version[:64] or "of unknown version"
+        return f"Kubernetes {shown}, outside {KUBE_VERSIONS[0]}-{KUBE_VERSIONS[-1]}"
+    minor = _tuple(release)[1]
+    if kind != "DeviceTaintRule":
+        return (
+            f"Kubernetes {release} with {GROUP}/v1 turned off; "
+            f"enable it with --runtime-config={GROUP}/v1=true"
+        )
+    if minor <= 34:
+        return (
+            f"Kubernetes {release} without DRADeviceTaints; enable it with "
+            f"--feature-gates=DRADeviceTaints=true --runtime-config={GROUP}/v1alpha3=true"
+        )
+    if minor == 35:
+        return (
+            f"Kubernetes {release} without DRADeviceTaintRules; enable it with "
+            f"--feature-gates=DRADeviceTaintRules=true --runtime-config={GROUP}/v1alpha3=true"
+        )
+    if minor == 36:
+        return (
+            f"Kubernetes {release} without DRADeviceTaintRules; enable it with "
+            f"--feature-gates=DRADeviceTaintRules=true --runtime-config={GROUP}/v1beta2=true"
+        )
+    return (
+        f"Kubernetes {release} with {GROUP}/v1 devicetaintrules turned off; "
+        f"remove {GROUP}/v1/devicetaintrules=false from --runtime-config"
+    )
