@@ -2,7 +2,9 @@
 
 Owns the frozen policy records (:class:`Policy`, :class:`Rule`, :class:`Match`,
 :class:`Action`, :class:`Hysteresis`, :class:`Recovery`, :class:`Eviction`),
-:class:`DeviceFacts` (what the controller knows of a device) and rule matching.
+:class:`DeviceFacts` (what the controller knows of a device) and rule matching, and the
+remediation mode the policy asks for (globally, and a per-rule fallback for clusters that
+serve no DeviceTaintRule API).
 Plain data and regexes; the YAML file format lives in ``drahealth.remedy._policy_load``.
 
 Message patterns are RE2 (:class:`MessagePattern`): matching takes time linear in the
@@ -182,6 +184,9 @@ class Action:
     taint_key: str = DEFAULT_TAINT_KEY
     #: Empty: derived from the health ("unhealthy" / "unknown").
     taint_value: str = ""
+    #: This rule's remediation when the controller runs without DeviceTaintRules because
+    #: the server serves none (mode ``auto``); None: the policy's ``remediation_fallback``.
+    fallback: str | None = None
 
     def effect_at(self, tainted_for: float) -> Effect:
         effect = self.effect
@@ -248,6 +253,13 @@ class Policy:
     eviction: Eviction = field(default_factory=Eviction)
     #: Pods in these namespaces are never evicted by the controller.
     exclude_namespaces: frozenset[str] = frozenset()
+    #: One of ``REMEDIATION_MODES`` (``auto``: DeviceTaintRules where served).
+    remediation_mode: str = "auto"
+    #: What ``auto`` does where no DeviceTaintRule API is served (a mode without rules).
+    remediation_fallback: str = "node-taint"
+
+    def rule_named(self, name: str) -> Rule | None:
+        return next((r for r in self.rules if r.name == name), None)
 
     def rule_for(self, facts: DeviceFacts, health: Health, message: str) -> Rule | None:
         """The first rule matching the device in this health, or None."""

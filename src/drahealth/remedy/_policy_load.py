@@ -21,6 +21,7 @@ import yaml
 from drahealth.core import (
     DEFAULT_TAINT_KEY,
     EFFECT_ORDER,
+    REMEDIATION_MODES,
     Action,
     Eviction,
     Health,
@@ -95,6 +96,7 @@ class _Action(_Base):
     escalate: list[_Step] = []
     taint_key: str = DEFAULT_TAINT_KEY
     taint_value: str = ""
+    fallback: str | None = None
 
 
 class _Hysteresis(_Base):
@@ -128,6 +130,11 @@ class _Eviction(_Base):
     per_second: float = 5.0
 
 
+class _Remediation(_Base):
+    mode: str = "auto"
+    fallback: str = "node-taint"
+
+
 class _Policy(_Base):
     api_version: Literal["drahealth.io/v1"]
     kind: Literal["RemediationPolicy"]
@@ -136,6 +143,11 @@ class _Policy(_Base):
     eviction: _Eviction = msgspec.field(default_factory=_Eviction)
     exclude_namespaces: list[str] = []
     recovery: _Recovery = msgspec.field(default_factory=_Recovery)
+    remediation: _Remediation = msgspec.field(default_factory=_Remediation)
+
+
+#: Modes a fallback may name: the ones that need no DeviceTaintRule API.
+FALLBACK_MODES = tuple(m for m in REMEDIATION_MODES if m not in ("auto", "taint-rules"))
 
 
 def load_policy(path: str) -> Policy:
@@ -219,6 +231,14 @@ class _Builder:
             raise self.fail(path, f"duration {value!r} must be {'> 0' if positive else '>= 0'}")
         return seconds
 
+    def fallback(self, path: str, value: str) -> str:
+        if value not in FALLBACK_MODES:
+            raise self.fail(
+                f"{path}.fallback",
+                f"unknown fallback {value!r}: choose one of {', '.join(FALLBACK_MODES)}",
+            )
+        return value
+
     def regex(self, path: str, rule: str, pattern: str) -> MessagePattern:
         try:
             return MessagePattern(pattern)
@@ -284,6 +304,7 @@ class _Builder:
             escalate=tuple(steps),
             taint_key=a.taint_key,
             taint_value=a.taint_value,
+            fallback=None if a.fallback is None else self.fallback(f"{path}.action", a.fallback),
         )
         hysteresis = None
         if r.hysteresis is not None:
@@ -320,4 +341,18 @@ def _build(spec: _Policy, source: str) -> Policy:
     if not e.per_second > 0:
         raise b.fail("eviction.perSecond", f"must be > 0, got {e.per_second}")
     eviction = Eviction(e.mode, e.max_concurrent_per_node, e.max_concurrent, float(e.per_second))
-    return Policy(tuple(rules), spec.dry_run, eviction, frozenset(spec.exclude_namespaces))
+    mode = spec.remediation.mode
+    if mode not in REMEDIATION_MODES:
+        raise b.fail(
+            "remediation.mode",
+            f"unknown mode {mode!r}: choose one of {', '.join(REMEDIATION_MODES)}",
+        )
+    fallback = b.fallback("remediation", spec.remediation.fallback)
+    return Policy(
+        tuple(rules),
+        spec.dry_run,
+        eviction,
+        frozenset(spec.exclude_namespaces),
+        remediation_mode=mode,
+        remediation_fallback=fallback,
+    )
