@@ -5,8 +5,10 @@ preconditions (resourceVersion, uid), name generation, namespace existence,
 finalizers and ``deletionTimestamp``, status-subresource isolation (via
 ``_strategy``), validation (via ``_validate``), field ownership (via ``_apply``),
 no-op detection (an update that changes nothing keeps the resourceVersion) and the
-PodDisruptionBudget status kept in step with pods. Every failure is an ``APIError``
-carrying the ``Status`` the real server would answer.
+PodDisruptionBudget status kept in step with pods, and SelfSubjectAccessReviews
+(answered, never stored). What is dropped and validated follows the engine's release
+profile. Every failure is an ``APIError`` carrying the ``Status`` the real server would
+answer.
 
 Simplifications: ``gracePeriodSeconds`` is treated as 0 (a pod without finalizers is
 removed at once); ``propagationPolicy`` is accepted and ignored (there is no garbage
@@ -22,12 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from drahealth._time import now_rfc3339
+from drahealth.core import KubeProfile
 
 from . import _apply, _status
 from ._decode import DecodeError, TooLarge, check_object
 from ._eviction import check_eviction, pdb_status
 from ._patch import PatchError, PatchTooLarge, json_patch, merge_patch, strategic_merge
-from ._resources import PRIMITIVE_MERGE_LISTS, RESOURCES, ResourceType, lookup
+from ._resources import PRIMITIVE_MERGE_LISTS, Registry, ResourceType, lookup, registry
 from ._selectors import FieldSelector, LabelSelector
 from ._status import APIError, cause
 from ._store import Store
@@ -50,6 +53,8 @@ PDBS = _must("policy", "v1", "poddisruptionbudgets")
 
 PROTECTED_NAMESPACES = frozenset({"default", "kube-system", "kube-public"})
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+#: The reason of every SelfSubjectAccessReview answer: there is no authorizer.
+ACCESS_REVIEW_REASON = "the embedded API server authorizes every request"
 
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -81,8 +86,11 @@ def _sets(path: tuple[str, ...]) -> bool:
 class Engine:
     """The object operations; one per API server, sharing its ``Store``."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, profile: KubeProfile | None = None) -> None:
         self.store = store
+        #: The release whose gates decide dropped fields and validation (None: newest).
+        self.profile = profile
+        self.registry: Registry = registry(profile)
 
     # ------------------------------------------------------------------ reads
 
@@ -173,7 +181,7 @@ class Engine:
             raise _status.bad_request(str(e)) from e
 
     def _validate(self, rt: ResourceType, obj: JSON, opts: WriteOptions) -> None:
-        causes = object_causes(rt, obj)
+        causes = object_causes(rt, obj, self.profile)
         if opts.field_validation in ("Ignore", "Warn"):
             unknown = [c for c in causes if c["message"].startswith("unknown field")]
             if opts.field_validation == "Warn":
@@ -251,7 +259,7 @@ class Engine:
         if self.store.get(rt.key, ns or "", name) is not None:
             raise _status.already_exists(rt.plural, rt.group, name)
         now = now_rfc3339()
-        obj = prepare_create(rt, body, now)
+        obj = prepare_create(rt, body, now, self.profile)
         if not tracked:
             obj = self._track(rt, None, obj, None, opts, now)
         self._validate(rt, obj, opts)
@@ -421,7 +429,7 @@ class Engine:
                 "version and try again",
             )
         now = now_rfc3339()
-        new = prepare_update(rt, old, candidate, sub, now)
+        new = prepare_update(rt, old, candidate, sub, now, self.profile)
         if not tracked:
             new = self._track(rt, old, new, sub, opts, now)
         new["metadata"]["resourceVersion"] = have_rv
@@ -496,10 +504,10 @@ class Engine:
             self._after_write(rt, ns)
             return new
         if rt is NAMESPACES:
-            for other in RESOURCES:
-                if other.namespaced:
-                    for obj in self.store.objects(other.key, str(meta.get("name"))):
-                        self._delete(other, obj)
+            kinds = {r.key: r for r in self.registry.resources if r.namespaced}
+            for other in kinds.values():
+                for obj in self.store.objects(other.key, str(meta.get("name"))):
+                    self._delete(other, obj)
         gone = self.store.delete(rt.key, old)
         self._after_write(rt, ns)
         return gone
@@ -518,6 +526,25 @@ class Engine:
                 continue
             out.append(obj if opts.dry_run else self._delete(rt, obj))
         return out
+
+    # ------------------------------------------------------------------ access reviews
+
+    def access_review(self, rt: ResourceType, body: JSON, opts: WriteOptions) -> JSON:
+        """A SelfSubjectAccessReview answered (never stored): every request is allowed."""
+        body = copy.deepcopy(body)
+        self._check_type(rt, body, "")
+        self._check_namespace(rt, body, None, "")
+        self._prune(rt, body, opts)
+        self._validate(rt, body, opts)
+        meta = body["metadata"]
+        meta.setdefault("creationTimestamp", None)
+        return {
+            "kind": rt.kind,
+            "apiVersion": rt.api_version,
+            "metadata": meta,
+            "spec": body.get("spec") or {},
+            "status": {"allowed": True, "reason": ACCESS_REVIEW_REASON},
+        }
 
     # ------------------------------------------------------------------ eviction
 

@@ -1,30 +1,41 @@
 """The kinds the embedded API server serves, and the discovery documents built from them.
 
 Owns the kind registry (``ResourceType``: group, version, plural, scope, short names,
-subresources, the lightkube model used for decode-validation, supported field
-selectors, strategic-merge keys) and the plain and aggregated (apidiscovery v2)
-discovery bodies. Knows nothing of HTTP or storage.
+subresources, verbs, the lightkube model used for decode-validation, supported field
+selectors, strategic-merge keys), :class:`Registry` (what one Kubernetes release
+profile serves: ``resource.k8s.io`` DeviceTaintRule only at the versions the profile
+serves, with ``status`` only from 1.35 and the 1.34 alpha selector's extra fields) and
+the plain, aggregated (apidiscovery v2) and OpenAPI discovery bodies built from a
+registry. Knows nothing of HTTP or storage.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 from lightkube.models import (
     apps_v1,
+    authorization_v1,
     coordination_v1,
     core_v1,
     events_v1,
+    meta_v1,
     policy_v1,
     resource_v1,
+    resource_v1alpha3,
+    resource_v1beta2,
 )
+
+from drahealth.core import NEWEST_KUBE_VERSION, KubeProfile, kube_profile
 
 JSON = dict[str, Any]
 Path = tuple[str, ...]
 
-VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
 SUB_VERBS = ["get", "patch", "update"]
 
 # Strategic-merge / server-side-apply list keys, by field path (list indices left out).
@@ -78,10 +89,19 @@ class ResourceType:
     subresources: tuple[str, ...] = ()
     field_selectors: tuple[str, ...] = ()
     merge_keys: dict[Path, str] = field(default_factory=dict)
+    verbs: tuple[str, ...] = VERBS
+    #: The version objects of this kind are stored at ("" = this one); a kind served at
+    #: several versions is stored once and converted on the way out.
+    storage_version: str = ""
 
     @property
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def storage_api_version(self) -> str:
+        version = self.storage_version or self.version
+        return f"{self.group}/{version}" if self.group else version
 
     @property
     def singular(self) -> str:
@@ -117,7 +137,8 @@ _EVENT_FIELDS = (
     "type",
 )
 
-RESOURCES: tuple[ResourceType, ...] = (
+#: What every profile serves (DeviceTaintRule is added per profile, see :func:`registry`).
+BASE_RESOURCES: tuple[ResourceType, ...] = (
     ResourceType(
         "",
         "v1",
@@ -204,15 +225,6 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType(
         "resource.k8s.io",
         "v1",
-        "DeviceTaintRule",
-        "devicetaintrules",
-        False,
-        resource_v1.DeviceTaintRule,
-        subresources=("status",),
-    ),
-    ResourceType(
-        "resource.k8s.io",
-        "v1",
         "ResourceClaim",
         "resourceclaims",
         True,
@@ -237,29 +249,16 @@ RESOURCES: tuple[ResourceType, ...] = (
         resource_v1.ResourceSlice,
         field_selectors=("spec.driver", "spec.nodeName"),
     ),
+    ResourceType(
+        "authorization.k8s.io",
+        "v1",
+        "SelfSubjectAccessReview",
+        "selfsubjectaccessreviews",
+        False,
+        authorization_v1.SelfSubjectAccessReview,
+        verbs=("create",),
+    ),
 )
-
-_BY_PLURAL: dict[tuple[str, str, str], ResourceType] = {
-    (r.group, r.version, r.plural): r for r in RESOURCES
-}
-_BY_KIND: dict[tuple[str, str], ResourceType] = {(r.api_version, r.kind): r for r in RESOURCES}
-
-
-def lookup(group: str, version: str, plural: str) -> ResourceType | None:
-    return _BY_PLURAL.get((group, version, plural))
-
-
-def by_kind(api_version: str, kind: str) -> ResourceType | None:
-    return _BY_KIND.get((api_version, kind))
-
-
-def group_versions() -> list[tuple[str, str]]:
-    """(group, version) pairs in registry order; the core group is ``""``."""
-    seen: list[tuple[str, str]] = []
-    for r in RESOURCES:
-        if (r.group, r.version) not in seen:
-            seen.append((r.group, r.version))
-    return seen
 
 
 # --------------------------------------------------------------------------- discovery
@@ -271,7 +270,7 @@ def _api_resources(rt: ResourceType) -> list[JSON]:
         "singularName": rt.singular,
         "namespaced": rt.namespaced,
         "kind": rt.kind,
-        "verbs": VERBS,
+        "verbs": list(rt.verbs),
     }
     if rt.short_names:
         main["shortNames"] = list(rt.short_names)
@@ -298,25 +297,10 @@ def _api_resources(rt: ResourceType) -> list[JSON]:
                     "singularName": "",
                     "namespaced": rt.namespaced,
                     "kind": rt.kind,
-                    "verbs": SUB_VERBS,
+                    "verbs": list(SUB_VERBS),
                 }
             )
     return out
-
-
-def resource_list(group: str, version: str) -> JSON | None:
-    """``APIResourceList`` for ``/api/v1`` or ``/apis/<group>/<version>``."""
-    kinds = [r for r in RESOURCES if r.group == group and r.version == version]
-    if not kinds:
-        return None
-    gv = f"{group}/{version}" if group else version
-    resources = [item for r in kinds for item in _api_resources(r)]
-    return {
-        "kind": "APIResourceList",
-        "apiVersion": "v1",
-        "groupVersion": gv,
-        "resources": resources,
-    }
 
 
 def api_versions(server_address: str) -> JSON:
@@ -329,31 +313,6 @@ def api_versions(server_address: str) -> JSON:
     }
 
 
-def api_group(group: str) -> JSON | None:
-    versions = [v for g, v in group_versions() if g == group and g]
-    if not versions:
-        return None
-    entries = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
-    return {
-        "kind": "APIGroup",
-        "apiVersion": "v1",
-        "name": group,
-        "versions": entries,
-        "preferredVersion": entries[0],
-    }
-
-
-def api_group_list() -> JSON:
-    groups = []
-    for g in dict.fromkeys(g for g, _ in group_versions() if g):
-        body = api_group(g)
-        assert body is not None
-        body.pop("kind")
-        body.pop("apiVersion")
-        groups.append(body)
-    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
-
-
 def _aggregated_resource(rt: ResourceType) -> JSON:
     kind = {"group": rt.group, "version": rt.version, "kind": rt.kind}
     out: JSON = {
@@ -361,7 +320,7 @@ def _aggregated_resource(rt: ResourceType) -> JSON:
         "responseKind": kind,
         "scope": "Namespaced" if rt.namespaced else "Cluster",
         "singularResource": rt.singular,
-        "verbs": VERBS,
+        "verbs": list(rt.verbs),
     }
     if rt.short_names:
         out["shortNames"] = list(rt.short_names)
@@ -378,81 +337,251 @@ def _aggregated_resource(rt: ResourceType) -> JSON:
                 }
             )
         else:
-            subs.append({"subresource": sub, "responseKind": kind, "verbs": SUB_VERBS})
+            subs.append({"subresource": sub, "responseKind": kind, "verbs": list(SUB_VERBS)})
     if subs:
         out["subresources"] = subs
     return out
-
-
-def aggregated_discovery(legacy: bool, api_version: str) -> JSON:
-    """``APIGroupDiscoveryList`` for ``/api`` (legacy=True) or ``/apis``."""
-    items = []
-    groups = [""] if legacy else list(dict.fromkeys(g for g, _ in group_versions() if g))
-    for g in groups:
-        versions = []
-        for gg, v in group_versions():
-            if gg != g:
-                continue
-            resources = [
-                _aggregated_resource(r) for r in RESOURCES if r.group == g and r.version == v
-            ]
-            versions.append({"version": v, "resources": resources, "freshness": "Current"})
-        items.append({"metadata": {"name": g, "creationTimestamp": None}, "versions": versions})
-    return {
-        "kind": "APIGroupDiscoveryList",
-        "apiVersion": api_version,
-        "metadata": {},
-        "items": items,
-    }
-
-
-# --------------------------------------------------------------------------- OpenAPI v3
 
 
 def _gv_path(group: str, version: str) -> str:
     return f"api/{version}" if not group else f"apis/{group}/{version}"
 
 
-def openapi_root() -> JSON:
-    """``/openapi/v3``: one entry per group/version (kubectl uses it to detect
-    server-side field validation)."""
-    return {
-        "paths": {
-            _gv_path(g, v): {"serverRelativeURL": f"/openapi/v3/{_gv_path(g, v)}?hash=drahealth"}
-            for g, v in group_versions()
-        }
-    }
-
-
 _QUERY_PARAMS = ("dryRun", "fieldManager", "fieldValidation", "force", "pretty")
 
 
-def openapi_group_version(group: str, version: str) -> JSON | None:
-    """A minimal OpenAPI v3 document: the PATCH operations with their query parameters."""
-    kinds = [r for r in RESOURCES if r.group == group and r.version == version]
-    if not kinds:
-        return None
-    paths: JSON = {}
-    for rt in kinds:
-        base = "/" + _gv_path(group, version)
-        if rt.namespaced:
-            base += "/namespaces/{namespace}"
-        item = f"{base}/{rt.plural}/{{name}}"
-        gvk = {"group": rt.group, "version": rt.version, "kind": rt.kind}
-        params = [{"name": p, "in": "query", "schema": {"type": "string"}} for p in _QUERY_PARAMS]
-        for path in [item] + [f"{item}/{s}" for s in rt.subresources if s != "eviction"]:
-            paths[path] = {
-                "patch": {
-                    "operationId": f"patch{rt.kind}",
-                    "x-kubernetes-group-version-kind": gvk,
-                    "x-kubernetes-action": "patch",
-                    "parameters": params,
-                    "responses": {"200": {"description": "OK"}},
+# --------------------------------------------------------------------------- per release
+
+# The 1.34 alpha DeviceTaintRule (resource.k8s.io/v1alpha3): its selector also has
+# ``deviceClassName`` and CEL ``selectors`` (removed in 1.35), and the rule has no
+# ``status`` yet. The models lightkube ships describe the 1.35+ shape, so these three
+# describe the 1.34 one for decode-validation.
+
+
+class DeviceTaintSelector134(msgspec.Struct, omit_defaults=True):
+    device: str | None = None
+    deviceClassName: str | None = None
+    driver: str | None = None
+    pool: str | None = None
+    selectors: list[resource_v1.DeviceSelector] | None = None
+
+
+class DeviceTaintRuleSpec134(msgspec.Struct, omit_defaults=True):
+    taint: resource_v1alpha3.DeviceTaint
+    deviceSelector: DeviceTaintSelector134 | None = None
+
+
+class DeviceTaintRule134(msgspec.Struct, omit_defaults=True):
+    spec: DeviceTaintRuleSpec134
+    apiVersion: str | None = None
+    kind: str | None = None
+    metadata: meta_v1.ObjectMeta | None = None
+
+
+_RULE_MODELS: dict[str, type[msgspec.Struct]] = {
+    "v1": resource_v1.DeviceTaintRule,
+    "v1beta2": resource_v1beta2.DeviceTaintRule,
+    "v1alpha3": resource_v1alpha3.DeviceTaintRule,
+}
+
+
+def device_taint_rules(profile: KubeProfile) -> tuple[ResourceType, ...]:
+    """DeviceTaintRule at every version ``profile`` serves (none when not served)."""
+    versions = profile.served_versions("DeviceTaintRule")
+    out = []
+    for version in versions:
+        model = DeviceTaintRule134 if profile.rule_cel_selectors else _RULE_MODELS[version]
+        out.append(
+            ResourceType(
+                "resource.k8s.io",
+                version,
+                "DeviceTaintRule",
+                "devicetaintrules",
+                False,
+                model,
+                subresources=("status",) if profile.rule_status else (),
+                storage_version=versions[0],
+            )
+        )
+    return tuple(out)
+
+
+class Registry:
+    """What one release profile serves: kinds, group versions, discovery documents."""
+
+    def __init__(self, resources: Iterable[ResourceType], kube_version: str) -> None:
+        self.resources = tuple(resources)
+        self.kube_version = kube_version
+        self._by_plural = {(r.group, r.version, r.plural): r for r in self.resources}
+        self._by_kind = {(r.api_version, r.kind): r for r in self.resources}
+        seen: list[tuple[str, str]] = []
+        for r in self.resources:
+            if (r.group, r.version) not in seen:
+                seen.append((r.group, r.version))
+        self._group_versions = seen
+
+    def lookup(self, group: str, version: str, plural: str) -> ResourceType | None:
+        return self._by_plural.get((group, version, plural))
+
+    def by_kind(self, api_version: str, kind: str) -> ResourceType | None:
+        return self._by_kind.get((api_version, kind))
+
+    def versions_of(self, group: str, kind: str) -> tuple[str, ...]:
+        """The versions serving ``kind`` (empty: not served)."""
+        return tuple(r.version for r in self.resources if r.group == group and r.kind == kind)
+
+    def group_versions(self) -> list[tuple[str, str]]:
+        """(group, version) pairs in registry order; the core group is ``""``."""
+        return list(self._group_versions)
+
+    def _groups(self) -> list[str]:
+        return list(dict.fromkeys(g for g, _ in self._group_versions if g))
+
+    def _kinds(self, group: str, version: str) -> list[ResourceType]:
+        return [r for r in self.resources if r.group == group and r.version == version]
+
+    # ----------------------------------------------------------------------- discovery
+
+    def resource_list(self, group: str, version: str) -> JSON | None:
+        """``APIResourceList`` for ``/api/v1`` or ``/apis/<group>/<version>``."""
+        kinds = self._kinds(group, version)
+        if not kinds:
+            return None
+        gv = f"{group}/{version}" if group else version
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": gv,
+            "resources": [item for r in kinds for item in _api_resources(r)],
+        }
+
+    def api_group(self, group: str) -> JSON | None:
+        versions = [v for g, v in self._group_versions if g == group and g]
+        if not versions:
+            return None
+        entries = [{"groupVersion": f"{group}/{v}", "version": v} for v in _preferred(versions)]
+        return {
+            "kind": "APIGroup",
+            "apiVersion": "v1",
+            "name": group,
+            "versions": entries,
+            "preferredVersion": entries[0],
+        }
+
+    def api_group_list(self) -> JSON:
+        groups = []
+        for g in self._groups():
+            body = self.api_group(g)
+            assert body is not None
+            body.pop("kind")
+            body.pop("apiVersion")
+            groups.append(body)
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+
+    def aggregated_discovery(self, legacy: bool, api_version: str) -> JSON:
+        """``APIGroupDiscoveryList`` for ``/api`` (legacy=True) or ``/apis``."""
+        items = []
+        for g in [""] if legacy else self._groups():
+            mine = [v for gg, v in self._group_versions if gg == g]
+            versions = [
+                {
+                    "version": v,
+                    "resources": [_aggregated_resource(r) for r in self._kinds(g, v)],
+                    "freshness": "Current",
                 }
+                for v in _preferred(mine)
+            ]
+            items.append({"metadata": {"name": g, "creationTimestamp": None}, "versions": versions})
+        return {
+            "kind": "APIGroupDiscoveryList",
+            "apiVersion": api_version,
+            "metadata": {},
+            "items": items,
+        }
+
+    # ----------------------------------------------------------------------- OpenAPI v3
+
+    def openapi_root(self) -> JSON:
+        """``/openapi/v3``: one entry per group/version (kubectl uses it to detect
+        server-side field validation)."""
+        return {
+            "paths": {
+                _gv_path(g, v): {
+                    "serverRelativeURL": f"/openapi/v3/{_gv_path(g, v)}?hash=drahealth"
+                }
+                for g, v in self._group_versions
             }
-    return {
-        "openapi": "3.0.0",
-        "info": {"title": "Kubernetes (drahealth embedded)", "version": "v1.37.0"},
-        "paths": paths,
-        "components": {"schemas": {}},
-    }
+        }
+
+    def openapi_group_version(self, group: str, version: str) -> JSON | None:
+        """A minimal OpenAPI v3 document: the PATCH operations with their query parameters."""
+        kinds = self._kinds(group, version)
+        if not kinds:
+            return None
+        paths: JSON = {}
+        for rt in kinds:
+            if "patch" not in rt.verbs:
+                continue
+            base = "/" + _gv_path(group, version)
+            if rt.namespaced:
+                base += "/namespaces/{namespace}"
+            item = f"{base}/{rt.plural}/{{name}}"
+            gvk = {"group": rt.group, "version": rt.version, "kind": rt.kind}
+            params = [
+                {"name": p, "in": "query", "schema": {"type": "string"}} for p in _QUERY_PARAMS
+            ]
+            for path in [item] + [f"{item}/{s}" for s in rt.subresources if s != "eviction"]:
+                paths[path] = {
+                    "patch": {
+                        "operationId": f"patch{rt.kind}",
+                        "x-kubernetes-group-version-kind": gvk,
+                        "x-kubernetes-action": "patch",
+                        "parameters": params,
+                        "responses": {"200": {"description": "OK"}},
+                    }
+                }
+        return {
+            "openapi": "3.0.0",
+            "info": {
+                "title": "Kubernetes (drahealth embedded)",
+                "version": f"v{self.kube_version}.0",
+            },
+            "paths": paths,
+            "components": {"schemas": {}},
+        }
+
+
+_VERSION = re.compile(r"v(\d+)(?:(alpha|beta)(\d+))?")
+_STABILITY = {None: 0, "beta": 1, "alpha": 2}
+
+
+def _priority(version: str) -> tuple[int, int, int]:
+    """Upstream's version priority: GA before beta before alpha, higher numbers first."""
+    m = _VERSION.fullmatch(version)
+    if m is None:
+        return (3, 0, 0)
+    return (_STABILITY[m.group(2)], -int(m.group(1)), -int(m.group(3) or 0))
+
+
+def _preferred(versions: list[str]) -> list[str]:
+    """Versions in upstream's discovery order (the preferred one first)."""
+    return sorted(versions, key=_priority)
+
+
+def registry(profile: KubeProfile | None = None) -> Registry:
+    """The registry of ``profile`` (None: the newest release with its defaults)."""
+    profile = profile or kube_profile(NEWEST_KUBE_VERSION)
+    return Registry((*BASE_RESOURCES, *device_taint_rules(profile)), profile.version)
+
+
+DEFAULT = registry()
+#: Every kind the newest release serves (by default).
+RESOURCES = DEFAULT.resources
+
+
+def lookup(group: str, version: str, plural: str) -> ResourceType | None:
+    return DEFAULT.lookup(group, version, plural)
+
+
+def by_kind(api_version: str, kind: str) -> ResourceType | None:
+    return DEFAULT.by_kind(api_version, kind)

@@ -1,9 +1,12 @@
 """The HTTP face of the embedded API server (aiohttp) and its lifecycle.
 
-Owns URL routing (``/api``, ``/apis``, discovery, ``/version``, health endpoints),
+Owns URL routing (``/api``, ``/apis``, discovery, ``/version``, health endpoints) for
+what the server's release profile serves (``--kube-version``: other group versions and
+kinds are the real server's 404),
 query-parameter parsing, content negotiation (JSON always; ``Table`` when kubectl
 asks for it; aggregated discovery v2 when asked), the watch stream (chunked,
 newline-delimited JSON, bookmarks, ``timeoutSeconds``, 410 as an ``ERROR`` event),
+objects converted to the requested version on the way out,
 the 504 "Too large resource version" answer, the data file's lifecycle (loaded on start;
 every answer waits until what it reports is durable, see ``_wal``; ``/readyz`` and
 ``/metrics`` report persistence) and the kubeconfig written for clients. Object
@@ -27,6 +30,7 @@ from aiohttp import web
 
 from drahealth._aio import on_stop_signals
 from drahealth._http_guard import HTTPGuard, HTTPLimits
+from drahealth.core import NEWEST_KUBE_VERSION, KubeProfile, kube_profile
 
 from . import _decode, _protobuf, _resources, _status
 from ._engine import APPLY, NAMESPACES, PATCH_TYPES, Engine, WriteOptions
@@ -51,21 +55,31 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 BOOTSTRAP_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 AGGREGATED_V2 = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
-VERSION_INFO: JSON = {
-    "major": "1",
-    "minor": "37",
-    "emulationMajor": "1",
-    "emulationMinor": "37",
-    "minCompatibilityMajor": "1",
-    "minCompatibilityMinor": "36",
-    "gitVersion": "v1.37.0-drahealth",
-    "gitCommit": "",
-    "gitTreeState": "clean",
-    "buildDate": "2026-01-01T00:00:00Z",
-    "goVersion": "python",
-    "compiler": "drahealth",
-    "platform": "linux/amd64",
-}
+
+
+def version_info(profile: KubeProfile) -> JSON:
+    """``/version`` of the release ``profile`` models (``gitVersion`` ``v1.<minor>.0-drahealth``).
+
+    The build fields are fixed; ``minCompatibility`` is the release before.
+    """
+    minor = profile.minor
+    return {
+        "major": "1",
+        "minor": str(minor),
+        "emulationMajor": "1",
+        "emulationMinor": str(minor),
+        "minCompatibilityMajor": "1",
+        "minCompatibilityMinor": str(minor - 1),
+        "gitVersion": f"v1.{minor}.0-drahealth",
+        "gitCommit": "",
+        "gitTreeState": "clean",
+        "buildDate": "2026-01-01T00:00:00Z",
+        "goVersion": "python",
+        "compiler": "drahealth",
+        "platform": "linux/amd64",
+    }
+
+
 PROTOBUF = "application/vnd.kubernetes.protobuf"
 #: Media types a POST/PUT/DELETE body may have (the real server's; PATCH has its own).
 #: None of them can be sent cross-origin by a browser without a CORS preflight, and a
@@ -113,6 +127,13 @@ def _method_not_allowed() -> APIError:
     )
 
 
+def _as_version(rt: ResourceType, obj: JSON) -> JSON:
+    """``obj`` as the version ``rt`` serves (stored once, converted on the way out)."""
+    if obj.get("apiVersion") == rt.api_version:
+        return obj
+    return {**obj, "apiVersion": rt.api_version}
+
+
 def _manager_from_agent(agent: str) -> str:
     return agent.split("/", 1)[0][:128] or "unknown"
 
@@ -137,7 +158,11 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 class APIServer:
-    """An embedded Kubernetes API server on 127.0.0.1 (see the package docstring)."""
+    """An embedded Kubernetes API server on 127.0.0.1 (see the package docstring).
+
+    ``profile`` is the Kubernetes release (and feature gates) it serves; None serves the
+    newest release with its default gates.
+    """
 
     def __init__(
         self,
@@ -147,11 +172,14 @@ class APIServer:
         *,
         limits: HTTPLimits | None = None,
         allowed_hosts: tuple[str, ...] = (),
+        profile: KubeProfile | None = None,
     ) -> None:
         self.http_limits = limits or HTTPLimits(max_connections=512)
         self.allowed_hosts = allowed_hosts
+        self.profile = profile or kube_profile(NEWEST_KUBE_VERSION)
         self.store = Store(watch_window)
-        self.engine = Engine(self.store)
+        self.engine = Engine(self.store, self.profile)
+        self.registry = self.engine.registry
         self.bookmark_interval = bookmark_interval
         self._data_file = Path(data_file) if data_file is not None else None
         self._runner: web.AppRunner | None = None
@@ -195,7 +223,7 @@ class APIServer:
         self._host = host
         addr = runner.addresses[0]
         self._port = int(addr[1])
-        log.info("API server listening on %s", self.url)
+        log.info("API server listening on %s (%s)", self.url, self.profile.describe())
 
     async def stop(self) -> None:
         """Close open watches, stop serving, make the data file complete.
@@ -335,7 +363,7 @@ class APIServer:
         if head == "metrics" and len(parts) == 1 and request.method == "GET":
             return self._metrics()
         if head == "version" and len(parts) == 1:
-            return _respond(VERSION_INFO)
+            return _respond(version_info(self.profile))
         if head == "openapi" and len(parts) >= 2 and parts[1] == "v3":
             return self._openapi(parts[2:])
         if head == "api":
@@ -351,7 +379,7 @@ class APIServer:
             if len(parts) == 1:
                 return self._discovery(request, legacy=False)
             if len(parts) == 2:
-                body = _resources.api_group(parts[1])
+                body = self.registry.api_group(parts[1])
                 if body is None:
                     raise _not_found_path()
                 return _respond(body)
@@ -368,39 +396,37 @@ class APIServer:
         for option in accept.split(","):
             params = {p.strip() for p in option.split(";")}
             if {"g=apidiscovery.k8s.io", "v=v2", "as=APIGroupDiscoveryList"} <= params:
-                body = _resources.aggregated_discovery(legacy, "apidiscovery.k8s.io/v2")
+                body = self.registry.aggregated_discovery(legacy, "apidiscovery.k8s.io/v2")
                 return _respond(body, content_type=AGGREGATED_V2)
             if option.strip().split(";")[0] in ("application/json", "*/*", ""):
                 break
         if legacy:
             return _respond(_resources.api_versions(f"{self._host}:{self._port}"))
-        return _respond(_resources.api_group_list())
+        return _respond(self.registry.api_group_list())
 
-    @staticmethod
-    def _openapi(rest: list[str]) -> web.Response:
+    def _openapi(self, rest: list[str]) -> web.Response:
         if not rest:
-            return _respond(_resources.openapi_root())
+            return _respond(self.registry.openapi_root())
         doc = None
         if rest[0] == "api" and len(rest) == 2:
-            doc = _resources.openapi_group_version("", rest[1])
+            doc = self.registry.openapi_group_version("", rest[1])
         elif rest[0] == "apis" and len(rest) == 3:
-            doc = _resources.openapi_group_version(rest[1], rest[2])
+            doc = self.registry.openapi_group_version(rest[1], rest[2])
         if doc is None:
             raise _not_found_path()
         return _respond(doc)
 
     def _resource_list(self, group: str, version: str) -> web.Response:
-        body = _resources.resource_list(group, version)
+        body = self.registry.resource_list(group, version)
         if body is None:
             raise _not_found_path()
         return _respond(body)
 
-    @staticmethod
     def _route(
-        group: str, version: str, rest: list[str]
+        self, group: str, version: str, rest: list[str]
     ) -> tuple[ResourceType, str | None, str | None, str | None]:
         if len(rest) >= 3 and rest[0] == "namespaces":
-            rt = _resources.lookup(group, version, rest[2])
+            rt = self.registry.lookup(group, version, rest[2])
             if rt is not None and rt.namespaced:
                 if len(rest) > 5:
                     raise _not_found_path()
@@ -409,7 +435,7 @@ class APIServer:
                 if sub is not None and sub not in rt.subresources:
                     raise _not_found_path()
                 return rt, rest[1], name, sub
-        rt = _resources.lookup(group, version, rest[0])
+        rt = self.registry.lookup(group, version, rest[0])
         if rt is None or len(rest) > 3:
             raise _not_found_path()
         name = rest[1] if len(rest) > 1 else None
@@ -512,7 +538,7 @@ class APIServer:
             "kind": f"{rt.kind}List",
             "apiVersion": rt.api_version,
             "metadata": {"resourceVersion": str(self.store.rv)},
-            "items": items,
+            "items": [_as_version(rt, o) for o in items],
         }
 
     async def _resource(
@@ -524,6 +550,14 @@ class APIServer:
         q = request.query
         as_table = wants_table(request.headers.get("Accept", ""))
         include = q.get("includeObject", "Metadata")
+        if "get" not in rt.verbs:  # SelfSubjectAccessReview: create only, never stored
+            if method != "POST" or name is not None:
+                raise _method_not_allowed()
+            self._require_body_type(request)
+            body = await self._body(request)
+            if not isinstance(body, dict):
+                raise _status.bad_request("the request body must be a JSON object")
+            return _respond(self.engine.access_review(rt, body, opts), 201)
         if sub == "eviction":
             if method != "POST" or ns is None or name is None:
                 raise _method_not_allowed()
@@ -539,7 +573,7 @@ class APIServer:
                 if as_table:
                     return _respond(table(rt, items, str(self.store.rv), include))
                 return _respond(self._list_body(rt, items))
-            obj = self.engine.get(rt, ns, name)
+            obj = _as_version(rt, self.engine.get(rt, ns, name))
             return _respond(table(rt, [obj], None, include) if as_table else obj)
         if method == "POST":
             if name is not None or (rt.namespaced and ns is None):
@@ -549,7 +583,7 @@ class APIServer:
             if not isinstance(body, dict):
                 raise _status.bad_request("the request body must be a JSON object")
             obj = self.engine.create(rt, ns, body, opts)
-            return _respond(obj, 201, warnings=opts.warnings)
+            return _respond(_as_version(rt, obj), 201, warnings=opts.warnings)
         if method == "PUT":
             if name is None:
                 raise _method_not_allowed()
@@ -558,7 +592,7 @@ class APIServer:
             if not isinstance(body, dict):
                 raise _status.bad_request("the request body must be a JSON object")
             obj = self.engine.update(rt, ns, name, body, sub, opts)
-            return _respond(obj, warnings=opts.warnings)
+            return _respond(_as_version(rt, obj), warnings=opts.warnings)
         if method == "PATCH":
             if name is None:
                 raise _method_not_allowed()
@@ -575,7 +609,7 @@ class APIServer:
                 opts.manager = q.get("fieldManager", "")
             body = await self._body(request)
             obj, created = self.engine.patch(rt, ns, name, ptype, body, sub, opts)
-            return _respond(obj, 201 if created else 200, warnings=opts.warnings)
+            return _respond(_as_version(rt, obj), 201 if created else 200, warnings=opts.warnings)
         if method == "DELETE":
             if sub is not None:
                 raise _method_not_allowed()
@@ -588,7 +622,7 @@ class APIServer:
                 labels, fields = self._selectors(request, rt)
                 items = self.engine.delete_collection(rt, ns, labels, fields, opts)
                 return _respond(self._list_body(rt, items))
-            return _respond(self.engine.delete(rt, ns, name, options, opts))
+            return _respond(_as_version(rt, self.engine.delete(rt, ns, name, options, opts)))
         raise _method_not_allowed()
 
     @staticmethod
@@ -672,6 +706,8 @@ class APIServer:
             return resp
 
         async def send(kind: str, obj: JSON) -> None:
+            if kind != "BOOKMARK":
+                obj = _as_version(rt, obj)
             payload = table(rt, [obj], None, include) if as_table and kind != "BOOKMARK" else obj
             try:
                 # A client that stops reading leaves the write waiting for the transport
@@ -731,9 +767,13 @@ async def serve_forever(
     data: Path | None = None,
     host: str = "127.0.0.1",
     allowed_hosts: tuple[str, ...] = (),
+    profile: KubeProfile | None = None,
 ) -> None:
-    """Run an API server until SIGINT/SIGTERM; prints ``listening on URL`` once ready."""
-    server = APIServer(data_file=data, allowed_hosts=allowed_hosts)
+    """Run an API server until SIGINT/SIGTERM; prints ``listening on URL`` once ready.
+
+    ``profile``: the release to serve (None: the newest with its default gates).
+    """
+    server = APIServer(data_file=data, allowed_hosts=allowed_hosts, profile=profile)
     await server.start(host=host, port=port)
     if kubeconfig_out is not None:
         server.write_kubeconfig(kubeconfig_out)

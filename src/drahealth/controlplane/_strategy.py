@@ -3,8 +3,10 @@
 Owns what the server sets or keeps on every write: ``uid``, ``creationTimestamp``,
 ``generation`` (for kinds with a ``spec``: 1 on create, +1 whenever anything
 outside ``metadata``/``status`` changes), status reset on create,
-status-subresource isolation on update, and defaulting of ``timeAdded`` on
-DeviceTaintRule and ResourceSlice device taints.
+status-subresource isolation on update, defaulting of ``timeAdded`` on
+DeviceTaintRule and ResourceSlice device taints, and the fields a release drops when
+their feature gate is off (upstream's ``dropDisabledFields`` helpers, see
+:func:`drop_disabled_fields`). Objects are stored at their kind's storage version.
 Pure functions over JSON dicts; inputs are not mutated.
 """
 
@@ -13,6 +15,8 @@ from __future__ import annotations
 import copy
 import uuid
 from typing import Any
+
+from drahealth.core import KubeProfile
 
 from ._resources import ResourceType
 
@@ -88,10 +92,50 @@ def _defaults(rt: ResourceType, obj: JSON, old: JSON | None, now: str) -> None:
         _fill_slice_taints(obj, old, now)
 
 
-def prepare_create(rt: ResourceType, obj: JSON, now: str) -> JSON:
+_CONTAINER_STATUSES = ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses")
+
+
+def _slice_taints_in_use(obj: JSON | None) -> bool:
+    devices = ((obj or {}).get("spec") or {}).get("devices") or []
+    return any(isinstance(d, dict) and d.get("taints") for d in devices)
+
+
+def drop_disabled_fields(
+    rt: ResourceType, new: JSON, old: JSON | None, profile: KubeProfile | None
+) -> None:
+    """Remove (in place) the fields ``profile``'s disabled gates take away, as upstream.
+
+    ResourceSlice ``spec.devices[].taints`` without ``DRADeviceTaints``, unless the old
+    slice already had taints (``dropDisabledDRADeviceTaintsFields``); Pod
+    ``status.*ContainerStatuses[].allocatedResourcesStatus`` without
+    ``ResourceHealthStatus`` (``dropDisabledPodStatusFields`` drops it whatever the old
+    pod had). ``ResourceHealthStatusMessage`` is the kubelet's gate: the API server
+    keeps a ``message`` it is sent.
+    """
+    if profile is None:
+        return
+    if rt.group == "resource.k8s.io" and rt.kind == "ResourceSlice":
+        if profile.slice_taints or _slice_taints_in_use(old):
+            return
+        for dev in (new.get("spec") or {}).get("devices") or []:
+            if isinstance(dev, dict):
+                dev.pop("taints", None)
+    elif rt.group == "" and rt.kind == "Pod" and not profile.enabled("ResourceHealthStatus"):
+        status = new.get("status")
+        if not isinstance(status, dict):
+            return
+        for lst in _CONTAINER_STATUSES:
+            for cs in status.get(lst) or []:
+                if isinstance(cs, dict):
+                    cs.pop("allocatedResourcesStatus", None)
+
+
+def prepare_create(
+    rt: ResourceType, obj: JSON, now: str, profile: KubeProfile | None = None
+) -> JSON:
     """The object as it will be stored on create (resourceVersion is stamped later)."""
     out = copy.deepcopy(obj)
-    out["apiVersion"], out["kind"] = rt.api_version, rt.kind
+    out["apiVersion"], out["kind"] = rt.storage_api_version, rt.kind
     meta = out.setdefault("metadata", {})
     for k in ("resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
         meta.pop(k, None)
@@ -104,12 +148,18 @@ def prepare_create(rt: ResourceType, obj: JSON, now: str) -> JSON:
     if not rt.namespaced:
         meta.pop("namespace", None)
     _status_on_create(rt, out)
+    drop_disabled_fields(rt, out, None, profile)
     _defaults(rt, out, None, now)
     return out
 
 
 def prepare_update(
-    rt: ResourceType, old: JSON, new: JSON, subresource: str | None, now: str
+    rt: ResourceType,
+    old: JSON,
+    new: JSON,
+    subresource: str | None,
+    now: str,
+    profile: KubeProfile | None = None,
 ) -> JSON:
     """The object as it will be stored on update, with status isolation applied.
 
@@ -125,9 +175,10 @@ def prepare_update(
         out["metadata"]["resourceVersion"] = (new.get("metadata") or {}).get("resourceVersion")
         if "managedFields" in (new.get("metadata") or {}):
             out["metadata"]["managedFields"] = new["metadata"]["managedFields"]
+        drop_disabled_fields(rt, out, old, profile)
         return out
     out = copy.deepcopy(new)
-    out["apiVersion"], out["kind"] = rt.api_version, rt.kind
+    out["apiVersion"], out["kind"] = rt.storage_api_version, rt.kind
     meta = out.setdefault("metadata", {})
     old_meta = old.get("metadata") or {}
     for k in _IMMUTABLE_META:
@@ -141,6 +192,7 @@ def prepare_update(
             out["status"] = copy.deepcopy(old["status"])
         else:
             out.pop("status", None)
+    drop_disabled_fields(rt, out, old, profile)
     _defaults(rt, out, old, now)
     if _tracks_generation(rt) and spec_part(out) != spec_part(old):
         meta["generation"] = int(old_meta.get("generation") or 1) + 1

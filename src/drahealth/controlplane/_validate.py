@@ -4,8 +4,8 @@ Owns the schema check (the object is walked against the lightkube model class of
 kind via ``msgspec.inspect``: unknown fields, wrong types and missing required fields
 become ``StatusCause``s naming the field path), object-name and label rules, and the
 few cheap kind-specific checks the project relies on (resource health values,
-DeviceTaintRule effects, ResourceSlice limits, PDB budgets). Returns causes; never
-raises for invalid input.
+DeviceTaintRule effects per release, ResourceSlice limits, PDB budgets,
+SelfSubjectAccessReview attributes). Returns causes; never raises for invalid input.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
-from drahealth.core import matches_dns_label, matches_dns_subdomain
+from drahealth.core import KubeProfile, matches_dns_label, matches_dns_subdomain
 
 from ._resources import ResourceType
 from ._selectors import SelectorError, validate_label_key, validate_label_value
@@ -43,7 +43,9 @@ _LABEL_MSG = (
 _DNS_LABEL_KINDS = frozenset({"Namespace"})
 
 HEALTH_VALUES = ("Healthy", "Unhealthy", "Unknown")
-TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
+#: Device taint effects, sorted as upstream lists them; ``None`` exists from 1.35 on.
+TAINT_EFFECTS = ("NoExecute", "NoSchedule", "None")
+TAINT_EFFECTS_1_34 = ("NoExecute", "NoSchedule")
 MAX_DEVICES_PER_SLICE = 128
 
 _TYPE_NAMES = {
@@ -325,7 +327,7 @@ def _resource_status_causes(entries: list[Any], container: JSON | None, where: s
     return out
 
 
-def _pod_causes(obj: JSON) -> list[JSON]:
+def _pod_causes(obj: JSON, profile: KubeProfile | None) -> list[JSON]:
     out: list[JSON] = []
     spec = _dict(obj.get("spec"))
     status = _dict(obj.get("status"))
@@ -351,7 +353,7 @@ def _pod_causes(obj: JSON) -> list[JSON]:
     return out
 
 
-def _taint_causes(taint: JSON, where: str) -> list[JSON]:
+def _taint_causes(taint: JSON, where: str, effects: tuple[str, ...]) -> list[JSON]:
     out: list[JSON] = []
     key = taint.get("key")
     if not key:
@@ -364,19 +366,46 @@ def _taint_causes(taint: JSON, where: str) -> list[JSON]:
     effect = taint.get("effect")
     if not effect:
         out.append(required(f"{where}.effect"))
-    elif effect not in TAINT_EFFECTS:
-        out.append(unsupported(f"{where}.effect", effect, TAINT_EFFECTS))
+    elif effect not in effects:
+        out.append(unsupported(f"{where}.effect", effect, effects))
     return out
 
 
-def _device_taint_rule_causes(obj: JSON) -> list[JSON]:
+def _effects(profile: KubeProfile | None) -> tuple[str, ...]:
+    return TAINT_EFFECTS if profile is None or profile.taint_effect_none else TAINT_EFFECTS_1_34
+
+
+def _device_taint_rule_causes(obj: JSON, profile: KubeProfile | None) -> list[JSON]:
     taint = _dict(obj.get("spec")).get("taint")
     if not isinstance(taint, dict):
         return [required("spec.taint")]
-    return _taint_causes(taint, "spec.taint")
+    return _taint_causes(taint, "spec.taint", _effects(profile))
 
 
-def _resource_slice_causes(obj: JSON) -> list[JSON]:
+def _access_review_causes(obj: JSON, profile: KubeProfile | None) -> list[JSON]:
+    """Upstream's ``ValidateSelfSubjectAccessReviewSpec``: exactly one kind of attributes."""
+    spec = _dict(obj.get("spec"))
+    res, non = spec.get("resourceAttributes"), spec.get("nonResourceAttributes")
+    if res is not None and non is not None:
+        return [
+            invalid_value(
+                "spec.nonResourceAttributes",
+                non,
+                "cannot be specified in combination with resourceAttributes",
+            )
+        ]
+    if res is None and non is None:
+        return [
+            invalid_value(
+                "spec.resourceAttributes",
+                None,
+                "exactly one of nonResourceAttributes or resourceAttributes must be specified",
+            )
+        ]
+    return []
+
+
+def _resource_slice_causes(obj: JSON, profile: KubeProfile | None) -> list[JSON]:
     out: list[JSON] = []
     spec = _dict(obj.get("spec"))
     if not spec.get("driver"):
@@ -402,11 +431,12 @@ def _resource_slice_causes(obj: JSON) -> list[JSON]:
         )
     for i, dev in enumerate(devices):
         for j, taint in enumerate(_list(_dict(dev).get("taints"))):
-            out.extend(_taint_causes(_dict(taint), f"spec.devices[{i}].taints[{j}]"))
+            where = f"spec.devices[{i}].taints[{j}]"
+            out.extend(_taint_causes(_dict(taint), where, _effects(profile)))
     return out
 
 
-def _pdb_causes(obj: JSON) -> list[JSON]:
+def _pdb_causes(obj: JSON, profile: KubeProfile | None) -> list[JSON]:
     spec = _dict(obj.get("spec"))
     if spec.get("minAvailable") is not None and spec.get("maxUnavailable") is not None:
         return [invalid_value("spec", spec, "minAvailable and maxUnavailable cannot be both set")]
@@ -420,23 +450,27 @@ def _pdb_causes(obj: JSON) -> list[JSON]:
     return out
 
 
-_KIND_RULES = {
-    ("v1", "Pod"): _pod_causes,
-    ("resource.k8s.io/v1", "DeviceTaintRule"): _device_taint_rule_causes,
-    ("resource.k8s.io/v1", "ResourceSlice"): _resource_slice_causes,
-    ("policy/v1", "PodDisruptionBudget"): _pdb_causes,
+_KIND_RULES = {  # (group, kind): the rules hold for every version of the kind
+    ("", "Pod"): _pod_causes,
+    ("resource.k8s.io", "DeviceTaintRule"): _device_taint_rule_causes,
+    ("resource.k8s.io", "ResourceSlice"): _resource_slice_causes,
+    ("policy", "PodDisruptionBudget"): _pdb_causes,
+    ("authorization.k8s.io", "SelfSubjectAccessReview"): _access_review_causes,
 }
 
 
-def object_causes(rt: ResourceType, obj: JSON) -> list[JSON]:
-    """All validation causes for ``obj`` (an object of kind ``rt``), schema first."""
+def object_causes(rt: ResourceType, obj: JSON, profile: KubeProfile | None = None) -> list[JSON]:
+    """All validation causes for ``obj`` (an object of kind ``rt``), schema first.
+
+    ``profile`` is the release whose rules apply (None: the newest).
+    """
     out = schema_causes(obj, rt.model)
     meta = _dict(obj.get("metadata"))
     name = meta.get("name")
     if isinstance(name, str):
         out.extend(name_causes(rt.kind, name))
     out.extend(_label_causes(meta))
-    rule = _KIND_RULES.get((rt.api_version, rt.kind))
+    rule = _KIND_RULES.get((rt.group, rt.kind))
     if rule is not None and not any(c["reason"] == "FieldValueTypeInvalid" for c in out):
-        out.extend(rule(obj))
+        out.extend(rule(obj, profile))
     return out[:MAX_CAUSES]
