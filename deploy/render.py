@@ -3,7 +3,8 @@
 Owns: a Go ``text/template`` interpreter for the subset of the template language
 and Sprig functions the chart under ``deploy/helm/drahealth`` uses, Helm's
 built-in objects (``.Values``, ``.Release``, ``.Chart``, ``.Capabilities``), values
-merging (``-f`` files over ``values.yaml``, ``null`` deletes a key) and the output
+merging (``-f`` files over ``values.yaml``, ``null`` deletes a key), the chart's
+``kubeVersion`` constraint and ``values.schema.json`` (as ``helm template`` checks them) and the output
 of ``helm template`` (one ``# Source:`` document per template, ``_*`` files only
 define). CI has no ``helm`` binary (no registry it reaches ships one), so the chart
 is rendered and validated with this; ``helm template`` gives the same manifests.
@@ -16,7 +17,7 @@ and the functions in :data:`FUNCS`. Anything else is an error that names the fil
 and line, never a silent miss.
 
 Usage: ``python deploy/render.py deploy/helm/drahealth [-f values.yaml]
-[--release NAME] [--namespace NS] [--set a.b=value]``.
+[--release NAME] [--namespace NS] [--kube-version v1.37.0] [--set a.b=value]``.
 """
 
 from __future__ import annotations
@@ -428,6 +429,7 @@ FUNCS: dict[str, Callable[..., Any]] = {
     "list": lambda *v: list(v),
     "dict": _dict,
     "hasKey": lambda m, k: isinstance(m, dict) and k in m,
+    "has": lambda needle, haystack: needle in (haystack or []),
     "empty": lambda v: not truth(v),
     "not": lambda v: not truth(v),
     "and": lambda *v: next((x for x in v if not truth(x)), v[-1]),
@@ -616,6 +618,35 @@ def parse_set(expr: str) -> dict[str, Any]:
     return out
 
 
+_CONSTRAINT = re.compile(r"^(>=|<=|>|<|=|!=)?v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(-[0-9A-Za-z.-]+)?$")
+
+
+def kube_version_allowed(constraint: str, version: str) -> bool:
+    """Helm's ``kubeVersion`` check for the forms charts use: space-separated ANDs of
+    ``>=``/``<=``/``>``/``<``/``=``/``!=`` versions, ``||`` between alternatives. A
+    ``-0`` suffix (any pre-release) compares as the release itself minus pre-releases,
+    so ``>=1.34.0-0`` admits ``v1.34.0-eks-1`` and ``<1.39.0-0`` refuses ``v1.39.0``."""
+    m = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?", version)
+    if m is None:
+        raise TemplateError(f"kube version {version!r}: expected vMAJOR.MINOR[.PATCH]")
+    have = (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0))
+    for alternative in constraint.split("||"):
+        ok = True
+        for part in alternative.split():
+            c = _CONSTRAINT.match(part)
+            if c is None:
+                raise TemplateError(f"Chart.yaml: kubeVersion {constraint!r}: cannot read {part!r}")
+            op = c.group(1) or "="
+            want = (int(c.group(2)), int(c.group(3) or 0), int(c.group(4) or 0))
+            ok = ok and {
+                ">=": have >= want, "<=": have <= want, ">": have > want,
+                "<": have < want, "=": have == want, "!=": have != want,
+            }[op]  # fmt: skip
+        if ok:
+            return True
+    return False
+
+
 def _load_yaml_map(path: Path, what: str) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text())
@@ -642,9 +673,18 @@ def render_chart(
     for key in ("apiVersion", "name", "version"):
         if key not in meta:
             raise TemplateError(f"Chart.yaml: {key} is missing")
+    constraint = meta.get("kubeVersion")
+    if constraint and not kube_version_allowed(str(constraint), kube_version):
+        raise TemplateError(
+            f"chart requires kubeVersion: {constraint} which is incompatible with "
+            f"Kubernetes {kube_version}"
+        )
     defaults = chart / "values.yaml"
     base = _load_yaml_map(defaults, "values") if defaults.exists() else {}
     merged = merge_values(base, dict(values or {}))
+    schema = chart / "values.schema.json"
+    if schema.exists():
+        _check_schema(schema, merged)
     major, minor = kube_version.lstrip("v").split(".")[:2]
     root = {
         "Values": merged,
@@ -686,6 +726,23 @@ def render_chart(
     return out
 
 
+def _check_schema(path: Path, values: Mapping[str, Any]) -> None:
+    """Validate the merged values against ``values.schema.json``, as helm does."""
+    import jsonschema
+
+    try:
+        schema = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise TemplateError(f"{path.name}: {exc}") from None
+    errors = sorted(
+        jsonschema.Draft7Validator(schema).iter_errors(values), key=lambda e: list(e.path)
+    )
+    if errors:
+        lines = [f"- {'.'.join(map(str, e.path)) or '(root)'}: {e.message}" for e in errors]
+        raise TemplateError("values don't meet the specifications of the schema(s):\n"
+                            + "\n".join(lines))  # fmt: skip
+
+
 def manifests(rendered: Mapping[str, str]) -> list[dict[str, Any]]:
     """Every non-empty YAML document of the rendered chart, parsed."""
     docs: list[dict[str, Any]] = []
@@ -720,6 +777,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], help="key.path=value")
     ap.add_argument("--release", default="drahealth")
     ap.add_argument("--namespace", default="drahealth")
+    ap.add_argument("--kube-version", default="v1.37.0", help="as helm's --kube-version")
     args = ap.parse_args(argv)
     try:
         values: dict[str, Any] = {}
@@ -727,7 +785,13 @@ def main(argv: list[str] | None = None) -> int:
             values = merge_values(values, _load_yaml_map(Path(f), "values"))
         for s in args.set:
             values = merge_values(values, parse_set(s))
-        rendered = render_chart(args.chart, values, release=args.release, namespace=args.namespace)
+        rendered = render_chart(
+            args.chart,
+            values,
+            release=args.release,
+            namespace=args.namespace,
+            kube_version=args.kube_version,
+        )
         manifests(rendered)
     except (TemplateError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -35,3 +35,17 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- define "drahealth.deviceClassName" -}}
 {{- .Values.deviceClass.name | default .Values.driver.name -}}
 {{- end -}}
+
+{{/* liveness /healthz (process alive) and readiness /readyz on the metrics port */}}
+{{- define "drahealth.probes" -}}
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: metrics
+  {{- toYaml .Values.probes.liveness | nindent 2 }}
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: metrics
+  {{- toYaml .Values.probes.readiness | nindent 2 }}
+{{- end -}}
