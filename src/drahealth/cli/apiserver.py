@@ -1,8 +1,11 @@
 """The ``drahealth apiserver`` command: run the embedded API server in the foreground.
 
-Prints exactly ``listening on http://127.0.0.1:PORT`` once it accepts connections and
-stops cleanly on SIGINT/SIGTERM. ``python -m drahealth.controlplane`` runs the same
-command standalone. With ``--data``
+Prints exactly ``listening on http://127.0.0.1:PORT`` once it accepts connections (after
+``serving Kubernetes 1.NN: ...`` on stderr, saying what the release profile serves) and
+stops cleanly on SIGINT/SIGTERM. ``--kube-version`` and ``--feature-gates`` choose the
+release and gates it serves (default: the newest release with its defaults); a value
+the release would refuse is a usage error (exit 2). ``python -m drahealth.controlplane``
+runs the same command standalone. With ``--data``
 every write is durable before it is answered; exits 1 with the reason when the data
 file cannot be loaded, or when persistence is failing at shutdown.
 """
@@ -10,12 +13,20 @@ file cannot be loaded, or when persistence is failing at shutdown.
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 import click
 
 from drahealth._http_guard import check_allowed_hosts
 from drahealth.controlplane import DataFileError, serve_forever
+from drahealth.core import (
+    KUBE_VERSIONS,
+    NEWEST_KUBE_VERSION,
+    FeatureGateError,
+    kube_profile,
+    parse_feature_gates,
+)
 
 __all__ = ["apiserver_command"]
 
@@ -55,18 +66,45 @@ __all__ = ["apiserver_command"]
     help="Persist all objects to FILE and FILE.wal (loaded at start; every write is "
     "durable before it is answered).",
 )
+@click.option(
+    "--kube-version",
+    default=NEWEST_KUBE_VERSION,
+    show_default=True,
+    metavar="1.NN",
+    help=f"Kubernetes release to serve ({', '.join(KUBE_VERSIONS)}): its API versions, "
+    "kinds and fields with its default feature gates.",
+)
+@click.option(
+    "--feature-gates",
+    default="",
+    metavar="NAME=true|false,...",
+    help="Feature gates to turn on or off, as a cluster admin could (DRADeviceTaints, "
+    "DRADeviceTaintRules, ResourceHealthStatus, ResourceHealthStatusMessage).",
+)
 def apiserver_command(
     port: int,
     host: str,
     allowed_hosts: tuple[str, ...],
     kubeconfig_out: Path | None,
     data: Path | None,
+    kube_version: str,
+    feature_gates: str,
 ) -> None:
     """Run the embedded Kubernetes API server."""
     try:
         allowed_hosts = check_allowed_hosts(allowed_hosts)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--allowed-host") from e
+    try:
+        gates = parse_feature_gates(feature_gates)
+    except FeatureGateError as e:
+        raise click.BadParameter(str(e), param_hint="--feature-gates") from e
+    try:
+        profile = kube_profile(kube_version, gates)
+    except FeatureGateError as e:
+        hint = "--kube-version" if str(e).startswith("unsupported Kubernetes") else None
+        raise click.BadParameter(str(e), param_hint=hint or "--feature-gates") from e
+    print(f"serving {profile.describe()}", file=sys.stderr, flush=True)
     try:
         asyncio.run(
             serve_forever(
@@ -75,6 +113,7 @@ def apiserver_command(
                 data=data,
                 host=host,
                 allowed_hosts=allowed_hosts,
+                profile=profile,
             )
         )
     except DataFileError as e:
