@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     )
     from drahealth.driver._metrics import DriverMetrics
     from drahealth.driver._plugin import PluginHandle, install_signal_handlers, start
-    from drahealth.driver._publisher import ResourceSlicePublisher
+    from drahealth.driver._publisher import WITHDRAW_MODES, ResourceSlicePublisher, WithdrawMode
     from drahealth.driver._slices import DriverResources, Pool, SliceValidationError, split_pool
     from drahealth.driver._taints import TaintController, TaintPolicy, TaintStore
     from drahealth.driver._types import (
@@ -60,6 +60,8 @@ _EXPORTS: dict[str, str] = {
     "install_signal_handlers": "drahealth.driver._plugin",
     "start": "drahealth.driver._plugin",
     "ResourceSlicePublisher": "drahealth.driver._publisher",
+    "WITHDRAW_MODES": "drahealth.driver._publisher",
+    "WithdrawMode": "drahealth.driver._publisher",
     "DriverResources": "drahealth.driver._slices",
     "Pool": "drahealth.driver._slices",
     "SliceValidationError": "drahealth.driver._slices",
@@ -86,6 +88,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = [
     "DEFAULT_CDI_DIR",
     "OPERATOR_SOURCE",
+    "WITHDRAW_MODES",
     "AllocationResult",
     "CheckpointError",
     "ClaimError",
@@ -111,6 +114,7 @@ __all__ = [
     "TaintController",
     "TaintPolicy",
     "TaintStore",
+    "WithdrawMode",
     "install_signal_handlers",
     "split_pool",
     "start",

@@ -20,6 +20,11 @@ name                                            type       labels / meaning
 ``drahealth_driver_health_streams``             gauge      open dra-health streams
 ``drahealth_driver_slice_publish_errors_total`` counter    ResourceSlice publish failures
 ``drahealth_driver_resource_slices``            gauge      slices currently published
+``drahealth_driver_slice_taints``               gauge      ``state``: ``kept``, ``dropped``
+                                                           (the server's ``DRADeviceTaints``
+                                                           is off) or ``unknown``; 1 for
+                                                           the current state, else 0
+``drahealth_driver_withdrawn_devices``          gauge      devices left out of the slices
 ==============================================  =========  ===============================
 
 May not touch: gRPC servers, the API server, the hub's state (read-only here).
@@ -87,7 +92,23 @@ class _PublisherCollector(Collector):
             labels=["driver"],
         )
         slices.add_metric([self.driver_name], pub.slices if pub else 0)
-        return [errors, slices]
+        taints = GaugeMetricFamily(
+            "drahealth_driver_slice_taints",
+            "Whether the API server keeps ResourceSlice device taints (1 for the current "
+            "state): dropped means its DRADeviceTaints gate is off.",
+            labels=["driver", "state"],
+        )
+        kept = pub.taints_kept if pub else None
+        current = "unknown" if kept is None else "kept" if kept else "dropped"
+        for state in ("kept", "dropped", "unknown"):
+            taints.add_metric([self.driver_name, state], 1 if state == current else 0)
+        withdrawn = GaugeMetricFamily(
+            "drahealth_driver_withdrawn_devices",
+            "Unhealthy devices left out of the ResourceSlices until they recover.",
+            labels=["driver"],
+        )
+        withdrawn.add_metric([self.driver_name], len(pub.withdrawn) if pub else 0)
+        return [errors, slices, taints, withdrawn]
 
 
 class DriverMetrics:

@@ -8,6 +8,15 @@ precondition deletes, ``resourceVersion``-guarded updates, capped exponential
 backoff, re-creation of slices deleted by someone else (after ``sync_delay``), the
 Node owner reference, dropped-field detection, and error counters for metrics.
 
+Device taints where the server has them: a server with the ``DRADeviceTaints`` gate
+off (the default before Kubernetes 1.36) stores a slice without ``devices[].taints``
+and says nothing. The publisher learns it from the object a write that carried taints
+returns (:attr:`ResourceSlicePublisher.taints_kept`), logs it once, and from then on
+publishes no taints (one write, no update loop); after the watch reconnects or
+relists it checks again with the next write. ``withdraw_unhealthy`` leaves the
+devices given to :meth:`~ResourceSlicePublisher.set_withdrawn` out of the slices
+(``"auto"``: only while the server drops taints) until they are given back.
+
 Planning (splitting, limits, generations, names, taint times) is pure and lives in
 ``_slices``; health taints come from ``_taints`` through :meth:`set_device_taints`.
 May not touch: gRPC servers, health state, files.
@@ -18,8 +27,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Literal, get_args
 
 import msgspec
 from lightkube import AsyncClient
@@ -38,14 +47,19 @@ from drahealth.driver._slices import (
     merge_taints,
     plan_pool,
     split_pool,
+    strip_taints,
+    without_devices,
 )
 from drahealth.kube import Backoff, Reflector, is_not_found, rv_newer
 
 __all__ = [
     "DEFAULT_MUTATION_CACHE_TTL",
     "DEFAULT_SYNC_DELAY",
+    "DEFAULT_TAINTS_RECHECK_INTERVAL",
+    "WITHDRAW_MODES",
     "DroppedFieldsError",
     "ResourceSlicePublisher",
+    "WithdrawMode",
 ]
 
 log = logging.getLogger(__name__)
@@ -54,6 +68,17 @@ log = logging.getLogger(__name__)
 DEFAULT_SYNC_DELAY = 1.0
 #: How long a slice we wrote stands in for the watch's copy (upstream: 1 min).
 DEFAULT_MUTATION_CACHE_TTL = 60.0
+
+#: While the server drops device taints, how often the worker looks whether its watch
+#: reconnected or relisted since (a reconnect may be an upgraded or reconfigured server).
+DEFAULT_TAINTS_RECHECK_INTERVAL = 30.0
+#: The feature gate without which the API server drops ResourceSlice device taints.
+TAINTS_GATE = "DRADeviceTaints"
+
+#: ``never``: always publish every device; ``auto``: leave devices given to
+#: ``set_withdrawn`` out while the server drops device taints; ``always``: leave them out.
+WithdrawMode = Literal["never", "auto", "always"]
+WITHDRAW_MODES: tuple[str, ...] = get_args(WithdrawMode)
 
 ErrorCallback = Callable[[BaseException], None]
 TaintMap = Mapping[tuple[str, str], Sequence[DeviceTaint]]
@@ -103,6 +128,15 @@ class DroppedFieldsError(Exception):
         return out
 
 
+def strip_taints_of(obj: ResourceSlice) -> ResourceSlice:
+    """A copy of ``obj`` whose devices carry no taints."""
+    devices = [
+        msgspec.structs.replace(d, taints=None) if d.taints else d for d in obj.spec.devices or ()
+    ]
+    spec = msgspec.structs.replace(obj.spec, devices=devices)
+    return msgspec.structs.replace(obj, spec=spec)
+
+
 def _fingerprint(content: SliceContent) -> bytes:
     return msgspec.json.encode(
         [
@@ -134,7 +168,15 @@ class ResourceSlicePublisher:
     looked up once unless ``node_uid`` is given; without a Node, no owner, logged).
 
     Counters for metrics: ``publish_errors_total``, ``last_error``, ``slices``
-    (slices currently published), ``creates``/``updates``/``deletes``, ``syncs``.
+    (slices currently published), ``creates``/``updates``/``deletes``, ``syncs``,
+    ``taints_kept`` (``None`` until a write carrying taints showed it), ``withdrawn``
+    (devices left out now).
+
+    ``withdraw_unhealthy`` (default ``"auto"``) decides whether the devices given to
+    :meth:`set_withdrawn` are left out of the slices: ``"auto"`` only while the server
+    drops device taints (so the scheduler stops picking a bad device on a release
+    without them, and nothing changes where taints work), ``"always"`` also where
+    taints are kept, ``"never"`` not at all.
     """
 
     def __init__(
@@ -150,9 +192,22 @@ class ResourceSlicePublisher:
         backoff_max: float = 30.0,
         sync_timeout: float = 10.0,
         on_error: ErrorCallback | None = None,
+        withdraw_unhealthy: WithdrawMode = "auto",
+        taints_recheck_interval: float = DEFAULT_TAINTS_RECHECK_INTERVAL,
     ) -> None:
         if not driver_name or not node_name:
             raise ValueError("driver_name and node_name are required")
+        if withdraw_unhealthy not in WITHDRAW_MODES:
+            raise ValueError(
+                f"withdraw_unhealthy {withdraw_unhealthy!r}: choose one of "
+                f"{', '.join(WITHDRAW_MODES)}"
+            )
+        if not taints_recheck_interval > 0:
+            raise ValueError(
+                f"taints_recheck_interval must be > 0 seconds, got {taints_recheck_interval!r}"
+            )
+        self.withdraw_unhealthy: WithdrawMode = withdraw_unhealthy
+        self.taints_recheck_interval = taints_recheck_interval
         self.client = client
         self.driver_name = driver_name
         self.node_name = node_name
@@ -169,6 +224,14 @@ class ResourceSlicePublisher:
 
         self._resources: DriverResources | None = None
         self._taints: dict[tuple[str, str], list[DeviceTaint]] = {}
+        self._withdraw_wanted: frozenset[tuple[str, str]] = frozenset()
+        #: Whether the server stores device taints: None until a write that carried
+        #: taints came back (and again after a reconnect while they were dropped).
+        self.taints_kept: bool | None = None
+        self._taints_warned = False
+        self._taints_marker = 0  # reflector lists + reconnects when taints_kept was set
+        #: The ``(pool, device)`` pairs left out of the published slices now.
+        self.withdrawn: frozenset[tuple[str, str]] = frozenset()
         # pool -> (slice contents, pool generation) as validated at publish time
         self._desired: dict[str, tuple[list[SliceContent], int]] = {}
         # (pool, index) -> (fingerprint of desired content, what the server stored)
@@ -219,6 +282,20 @@ class ResourceSlicePublisher:
             return
         self._set(self._resources, copy)
 
+    def set_withdrawn(self, devices: Iterable[tuple[str, str]]) -> None:
+        """Set the ``(pool, device)`` pairs to leave out of the slices (unhealthy ones).
+
+        Replaces the previous set; whether they are left out follows
+        ``withdraw_unhealthy``. A pair the driver does not publish is ignored. A device
+        left out that is still allocated stays allocated: the scheduler only stops
+        choosing it for new claims, and the kubelet keeps calling the driver for it.
+        """
+        wanted = frozenset((str(p), str(d)) for p, d in devices)
+        if self._resources is None:
+            self._withdraw_wanted = wanted
+            return
+        self._set(self._resources, self._taints, wanted)
+
     async def start(self) -> None:
         """Start the worker (also done by the first publish)."""
         if self._stopped:
@@ -252,27 +329,72 @@ class ResourceSlicePublisher:
     # ------------------------------------------------------------------ desired state
 
     def _set(
-        self, resources: DriverResources, taints: dict[tuple[str, str], list[DeviceTaint]]
+        self,
+        resources: DriverResources,
+        taints: dict[tuple[str, str], list[DeviceTaint]],
+        withdraw: frozenset[tuple[str, str]] | None = None,
     ) -> None:
-        merged = merge_taints(resources, taints)
-        desired: dict[str, tuple[list[SliceContent], int]] = {}
+        wanted = self._withdraw_wanted if withdraw is None else withdraw
         try:
-            for pool_name in sorted(merged.pools):
-                pool = merged.pools[pool_name]
-                if pool.node_name not in (None, self.node_name):
-                    raise SliceValidationError(
-                        pool_name,
-                        None,
-                        "nodeName",
-                        f"{pool.node_name!r} is not this publisher's node {self.node_name!r}",
-                    )
-                desired[pool_name] = (split_pool(pool_name, pool), pool.generation)
+            desired, withdrawn = self._plan(resources, taints, wanted)
         except SliceValidationError as exc:
             self.publish_errors_total += 1
             self.last_error = exc
             raise
         self._resources = resources
         self._taints = taints
+        self._withdraw_wanted = wanted
+        self._install(desired, withdrawn)
+
+    def _withdrawing(self) -> bool:
+        mode = self.withdraw_unhealthy
+        return mode == "always" or (mode == "auto" and self.taints_kept is False)
+
+    def _plan(
+        self,
+        resources: DriverResources,
+        taints: dict[tuple[str, str], list[DeviceTaint]],
+        wanted: frozenset[tuple[str, str]],
+    ) -> tuple[dict[str, tuple[list[SliceContent], int]], frozenset[tuple[str, str]]]:
+        """Validated slice contents per pool, and the devices left out of them."""
+        merged = merge_taints(resources, taints)
+        if self.taints_kept is False:
+            merged = strip_taints(merged)
+        withdrawn: frozenset[tuple[str, str]] = frozenset()
+        if self._withdrawing():
+            merged, withdrawn = without_devices(merged, wanted)
+        desired: dict[str, tuple[list[SliceContent], int]] = {}
+        for pool_name in sorted(merged.pools):
+            pool = merged.pools[pool_name]
+            if pool.node_name not in (None, self.node_name):
+                raise SliceValidationError(
+                    pool_name,
+                    None,
+                    "nodeName",
+                    f"{pool.node_name!r} is not this publisher's node {self.node_name!r}",
+                )
+            desired[pool_name] = (split_pool(pool_name, pool), pool.generation)
+        return desired, withdrawn
+
+    def _install(
+        self,
+        desired: dict[str, tuple[list[SliceContent], int]],
+        withdrawn: frozenset[tuple[str, str]],
+    ) -> None:
+        if withdrawn != self.withdrawn:
+            if withdrawn - self.withdrawn:
+                log.warning(
+                    "withdrawing unhealthy devices of %s from its ResourceSlices: %s",
+                    self.driver_name,
+                    ", ".join(f"{p}/{d}" for p, d in sorted(withdrawn - self.withdrawn)),
+                )
+            if self.withdrawn - withdrawn:
+                log.info(
+                    "publishing devices of %s again: %s",
+                    self.driver_name,
+                    ", ".join(f"{p}/{d}" for p, d in sorted(self.withdrawn - withdrawn)),
+                )
+        self.withdrawn = withdrawn
         self._desired = desired
         for (pool_name, index), (fingerprint, _) in list(self._accepted.items()):
             contents = desired.get(pool_name, ([], 0))[0]
@@ -285,6 +407,17 @@ class ResourceSlicePublisher:
                 self._run(), name=f"slices:{self.driver_name}"
             )
         self._schedule(0.0)
+
+    def _replan(self) -> None:
+        """Recompute the desired slices after ``taints_kept`` changed (worker side)."""
+        if self._resources is None:
+            return
+        try:
+            desired, withdrawn = self._plan(self._resources, self._taints, self._withdraw_wanted)
+        except SliceValidationError as exc:  # leaving things out cannot make it invalid
+            self._report(exc)
+            return
+        self._install(desired, withdrawn)
 
     def _desired_for(self, pool_name: str) -> tuple[list[SliceContent], int] | None:
         entry = self._desired.get(pool_name)
@@ -342,6 +475,8 @@ class ResourceSlicePublisher:
             self._backoff.reset()
             if self._version == version:
                 self._in_sync.set()
+            if self.taints_kept is False:
+                self._schedule(self.taints_recheck_interval)
 
     def _report(self, exc: BaseException) -> None:
         self.publish_errors_total += 1
@@ -414,6 +549,61 @@ class ResourceSlicePublisher:
             del self._mutations[name]
         self._schedule(self.sync_delay)
 
+    @staticmethod
+    def _marker(reflector: Reflector[ResourceSlice]) -> int:
+        return reflector.lists + reflector.reconnects
+
+    def _recheck_taints(self, reflector: Reflector[ResourceSlice]) -> None:
+        """Dropped taints: after a reconnect or relist, find out again with the next write."""
+        if self.taints_kept is not False or self._marker(reflector) == self._taints_marker:
+            return
+        log.info(
+            "the watch of ResourceSlices of %s reconnected; checking again whether the API "
+            "server keeps device taints",
+            self.driver_name,
+        )
+        self.taints_kept = None
+        self._replan()
+
+    def _learn_taints(self, sent: ResourceSlice, actual: ResourceSlice) -> bool | None:
+        """Whether ``actual`` kept the device taints ``sent`` carried (None: sent none)."""
+        have = {d.name: d for d in actual.spec.devices or ()}
+        verdict: bool | None = None
+        for device in sent.spec.devices or ():
+            if not device.taints:
+                continue
+            stored = have.get(device.name)
+            if stored is not None and stored.taints:
+                return True
+            verdict = False
+        return verdict
+
+    def _taints_learned(self, kept: bool) -> None:
+        reflector = self._reflector
+        self._taints_marker = self._marker(reflector) if reflector is not None else 0
+        if kept == self.taints_kept:
+            return
+        self.taints_kept = kept
+        if kept:
+            log.info("the API server keeps ResourceSlice device taints of %s", self.driver_name)
+            return
+        if not self._taints_warned:
+            self._taints_warned = True
+            log.warning(
+                "the API server dropped the device taints of ResourceSlices of %s on %s: "
+                "feature gate %s is off there (the default before Kubernetes 1.36); "
+                "publishing them without taints%s",
+                self.driver_name,
+                self.node_name,
+                TAINTS_GATE,
+                ", unhealthy devices withdrawn"
+                if self.withdraw_unhealthy != "never"
+                else " (withdraw_unhealthy is never: the scheduler keeps using bad devices)",
+            )
+        else:
+            log.info("the API server still drops the device taints of %s", self.driver_name)
+        self._replan()
+
     def _current(self, reflector: Reflector[ResourceSlice]) -> list[ResourceSlice]:
         """The watch's slices overlaid with our not-yet-seen writes and deletes."""
         now = asyncio.get_running_loop().time()
@@ -431,6 +621,7 @@ class ResourceSlicePublisher:
 
     async def _sync(self) -> None:
         reflector = await self._ensure_started()
+        self._recheck_taints(reflector)
         loop = asyncio.get_running_loop()
         start = loop.time()
         self.syncs += 1
@@ -518,6 +709,12 @@ class ResourceSlicePublisher:
         """Remember a write until the watch shows it; detect dropped fields."""
         expires = asyncio.get_running_loop().time() + self.mutation_cache_ttl
         self._mutations[_name(actual)] = (actual, expires)
+        kept = self._learn_taints(sent, actual)
+        if kept is not None:
+            self._taints_learned(kept)
+            if not kept:
+                # handled: the desired state has no taints now; report other losses only
+                sent = strip_taints_of(sent)
         want, have = sent.spec, actual.spec
         same_counters = len(want.sharedCounters or []) == len(have.sharedCounters or [])
         if devices_equal(want.devices or [], have.devices or []) and same_counters:

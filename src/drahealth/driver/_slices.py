@@ -13,7 +13,9 @@ Owns the pure half of ResourceSlice publishing (no I/O, no clock, no asyncio):
   (index-prefixed ``generateName``, generation kept for at most one changed slice and
   no new slice, ``resourceSliceCount``, obsolete slices, taint ``timeAdded``
   truncation and preservation, semantic comparison that tolerates server defaults);
-* :func:`merge_taints`: adding health taints to the driver's devices.
+* :func:`merge_taints`: adding health taints to the driver's devices;
+  :func:`strip_taints` and :func:`without_devices`: what is published where the
+  server drops device taints, or while unhealthy devices are withdrawn.
 
 May not touch: the API server (that is ``_publisher``), health state (``_taints``).
 Input model objects are never mutated; everything returned is a fresh copy.
@@ -76,8 +78,10 @@ __all__ = [
     "plan",
     "plan_pool",
     "split_pool",
+    "strip_taints",
     "truncate_time",
     "validate_pool",
+    "without_devices",
 ]
 
 # Limits from k8s.io/api resource/v1 (types.go), see reference/driver-side.md 1.9.
@@ -398,6 +402,46 @@ def merge_taints(
             devices, pool.shared_counters, pool.node_name, pool.generation, pool.expect_taints
         )
     return DriverResources(pools)
+
+
+def strip_taints(resources: DriverResources) -> DriverResources:
+    """Return ``resources`` with no device taints (for a server that drops them).
+
+    ``expect_taints`` is cleared too: without taints the 64-device limit has no reason.
+    Input untouched.
+    """
+    pools: dict[str, Pool] = {}
+    for pool_name, pool in resources.pools.items():
+        devices = [msgspec.structs.replace(d, taints=None) if d.taints else d for d in pool.devices]
+        pools[pool_name] = Pool(devices, pool.shared_counters, pool.node_name, pool.generation)
+    return DriverResources(pools)
+
+
+def without_devices(
+    resources: DriverResources, leave_out: Iterable[tuple[str, str]]
+) -> tuple[DriverResources, frozenset[tuple[str, str]]]:
+    """``resources`` without the ``(pool, device)`` pairs of ``leave_out``, and the pairs
+    that were actually left out (names not in ``resources`` are ignored).
+
+    Shared counters stay: a withdrawn device no longer consumes them, its siblings may.
+    Input untouched.
+    """
+    wanted = frozenset(leave_out)
+    if not wanted:
+        return resources, frozenset()
+    gone: set[tuple[str, str]] = set()
+    pools: dict[str, Pool] = {}
+    for pool_name, pool in resources.pools.items():
+        devices = []
+        for device in pool.devices:
+            if (pool_name, device.name) in wanted:
+                gone.add((pool_name, device.name))
+            else:
+                devices.append(device)
+        pools[pool_name] = Pool(
+            devices, pool.shared_counters, pool.node_name, pool.generation, pool.expect_taints
+        )
+    return DriverResources(pools), frozenset(gone)
 
 
 def _copy_taint(taint: DeviceTaint) -> DeviceTaint:

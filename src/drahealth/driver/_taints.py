@@ -13,9 +13,13 @@ Owns:
 * :class:`TaintStore`: the current taints with their ``timeAdded`` on disk (atomic
   write: tmp + fsync + rename + dir fsync; versioned; SHA-256 checksummed; a corrupt
   file raises :class:`TaintStoreError` after a quarantine copy is kept);
+* :func:`withdrawn_devices`: the devices to leave out of the ResourceSlices where
+  taints cannot be published: those carrying the unhealthy taint (so the same rule:
+  only Healthy brings one back) and, with ``TaintPolicy.withdraw_unknown``, Unknown ones;
 * :class:`TaintController`: subscribes to the hub, recomputes in batches (one
   republish per burst), saves the store *before* republishing, and hands the taints
-  to a callback (normally ``ResourceSlicePublisher.set_device_taints``).
+  to a callback (normally ``ResourceSlicePublisher.set_device_taints``) and the
+  devices to withdraw to another (normally ``ResourceSlicePublisher.set_withdrawn``).
 
 May not touch: the API server (the publisher does), the hub's own state.
 """
@@ -58,6 +62,7 @@ __all__ = [
     "desired_taints",
     "reason_code",
     "stamp_time_added",
+    "withdrawn_devices",
 ]
 
 log = logging.getLogger(__name__)
@@ -65,6 +70,7 @@ log = logging.getLogger(__name__)
 #: Taints per ``(pool, device)``, each list sorted by (key, effect, value).
 TaintMap = dict[tuple[str, str], list[DeviceTaint]]
 ApplyCallback = Callable[[TaintMap], "Awaitable[None] | None"]
+WithdrawCallback = Callable[[frozenset[tuple[str, str]]], "Awaitable[None] | None"]
 
 _REASON_BAD = re.compile(r"[^a-z0-9._-]+")
 
@@ -93,7 +99,9 @@ class TaintPolicy:
     Unhealthy devices that are not latched. ``unmonitored``: put
     ``<driver>/unmonitored`` (``unmonitored_effect``, default ``None``) on Unknown
     devices. ``value``: maps a state to a reason code (sanitized with
-    :func:`reason_code`; ``"true"`` when absent or unusable).
+    :func:`reason_code`; ``"true"`` when absent or unusable). ``withdraw_unknown``:
+    also withdraw Unknown devices where devices are withdrawn (see
+    :func:`withdrawn_devices`).
     """
 
     driver: str
@@ -102,6 +110,7 @@ class TaintPolicy:
     unmonitored: bool = False
     unmonitored_effect: str = "None"
     value: Callable[[DeviceState], str | None] | None = None
+    withdraw_unknown: bool = False
 
     def __post_init__(self) -> None:
         for name in ("unhealthy_effect", "unmonitored_effect"):
@@ -184,6 +193,22 @@ def desired_taints(
         if key not in seen and (taints := kept(key)):
             out[key] = sorted(taints, key=_order)
     return dict(sorted(out.items()))
+
+
+def withdrawn_devices(
+    taints: Mapping[tuple[str, str], Sequence[DeviceTaint]],
+    states: Iterable[DeviceState],
+    policy: TaintPolicy,
+) -> frozenset[tuple[str, str]]:
+    """The devices to leave out of the slices: those whose ``taints`` (from
+    :func:`desired_taints`) include the unhealthy taint, and, with
+    ``policy.withdraw_unknown``, the Unknown ones."""
+    out = {
+        key for key, items in taints.items() if any(t.key == policy.unhealthy_key for t in items)
+    }
+    if policy.withdraw_unknown:
+        out.update((s.pool, s.device) for s in states if s.health is Health.UNKNOWN)
+    return frozenset(out)
 
 
 def stamp_time_added(
@@ -334,8 +359,10 @@ class TaintController:
     logged, and replaced on the next save; its copy is kept), hands the stored
     taints to ``apply`` at once, then follows the hub. Changes arriving within
     ``batch_delay`` seconds of each other cause one recompute and at most one
-    ``apply`` call (only when the taints changed). Counters: ``republishes``,
-    ``apply_errors``, ``store_errors``; ``last_error``.
+    ``apply`` call (only when the taints changed). With ``withdraw``, the devices
+    :func:`withdrawn_devices` names are handed to it whenever that set changes (the
+    stored taints' set at start). Counters: ``republishes``, ``apply_errors``,
+    ``store_errors``; ``last_error``.
     """
 
     def __init__(
@@ -347,14 +374,17 @@ class TaintController:
         store: TaintStore | None = None,
         batch_delay: float = 0.05,
         clock: Callable[[], dt.datetime] = _utc_now,
+        withdraw: WithdrawCallback | None = None,
     ) -> None:
         self.hub = hub
         self.policy = policy
         self.store = store
         self.batch_delay = batch_delay
         self._apply = apply
+        self._withdraw = withdraw
         self._clock = clock
         self._taints: TaintMap = {}
+        self._withdrawn: frozenset[tuple[str, str]] = frozenset()
         self._dirty = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._unsubscribe: Callable[[], None] | None = None
@@ -371,6 +401,11 @@ class TaintController:
         """The taints last handed to ``apply`` (with ``timeAdded``)."""
         return {k: list(v) for k, v in self._taints.items()}
 
+    @property
+    def withdrawn(self) -> frozenset[tuple[str, str]]:
+        """The devices last handed to ``withdraw``."""
+        return self._withdrawn
+
     async def start(self) -> None:
         if self._task is not None:
             raise RuntimeError("TaintController already started")
@@ -382,6 +417,7 @@ class TaintController:
                 self.last_error = exc
                 log.error("%s; starting without stored taints", exc)
         if self._taints:
+            await self._call_withdraw(withdrawn_devices(self._taints, (), self.policy))
             await self._call_apply(self._taints)
         self._unsubscribe = self.hub.subscribe(self._on_change)
         self._task = asyncio.create_task(self._run(), name="taint-controller")
@@ -421,8 +457,10 @@ class TaintController:
 
     async def flush(self) -> None:
         """Recompute from the hub's snapshot now; save and apply if changed."""
-        desired = desired_taints(self.hub.snapshot(), self.policy, self._taints)
+        states = self.hub.snapshot()
+        desired = desired_taints(states, self.policy, self._taints)
         stamped = stamp_time_added(desired, self._taints, self._clock())
+        await self._call_withdraw(withdrawn_devices(stamped, states, self.policy))
         if stamped == self._taints:
             return
         if self.store is not None:
@@ -434,6 +472,19 @@ class TaintController:
                 log.error("saving taint store %s failed: %s", self.store.path, exc)
         self._taints = stamped
         await self._call_apply(stamped)
+
+    async def _call_withdraw(self, devices: frozenset[tuple[str, str]]) -> None:
+        if self._withdraw is None or devices == self._withdrawn:
+            return
+        self._withdrawn = devices
+        try:
+            result = self._withdraw(devices)
+            if inspect.isawaitable(result):
+                await result
+        except Exception as exc:
+            self.apply_errors += 1
+            self.last_error = exc
+            log.exception("withdrawing unhealthy devices failed")
 
     async def _call_apply(self, taints: TaintMap) -> None:
         self.republishes += 1
