@@ -1,10 +1,16 @@
 """The remediation controller: device health -> DeviceTaintRules -> evictions -> untaint.
 
-Owns :class:`RemediationController`, the leader's work. It reflects Pods, ResourceClaims,
-ResourceSlices, DeviceTaintRules and the agents' device-health ConfigMaps into the
-core's :class:`ClusterModel`, one watch event at a time; on every change (and at the
-engine's next deadline) it runs one pass, which costs O(devices whose observation
-changed) plus O(devices that want a taint):
+Owns :class:`RemediationController`, the leader's work. At start (and whenever a list or
+watch of a ``resource.k8s.io`` kind answers 404, e.g. after an upgrade or a downgrade) it
+asks the server which versions it serves (:func:`drahealth.kube.discover`), reads and
+writes each kind at the newest one and converts what it reads to the internal (v1)
+shape; it picks its remediation mode from that (:mod:`drahealth.remedy._modes`) and says
+so: a log line, the gauge ``drahealth_controller_remediation_mode``, a
+``RemediationMode`` Event and the history ConfigMap's ``mode`` key. It reflects Pods,
+ResourceClaims, ResourceSlices, DeviceTaintRules (only where served) and the agents'
+device-health ConfigMaps into the core's :class:`ClusterModel`, one watch event at a
+time; on every change (and at the engine's next deadline) it runs one pass, which costs
+O(devices whose observation changed) plus O(devices that want a taint):
 
 1. the changed devices' observations -> :class:`RemedyEngine` -> the taint each device
    wants;
@@ -19,6 +25,16 @@ changed) plus O(devices that want a taint):
    the seconds. The rule itself is written NoSchedule so only budget-aware evictions
    move pods;
 4. recovered devices with a validation hook get it run (exec or HTTP GET) first.
+
+That is mode ``taint-rules``. In ``node-taint`` and ``cordon`` a device's wanted taint
+becomes drahealth's part of its Node instead (:mod:`drahealth.remedy._nodes`), and in
+``evict-only`` nothing blocks scheduling; in all three the pods of ``NoExecute`` devices
+leave by the :class:`Evictor` (tolerations honoured). ``report-only`` writes Events and
+history only. A rule's ``action.fallback`` picks its devices' mode where ``auto`` fell
+back. DeviceTaintRules whose selector is empty or names no driver (kubernetes #141422:
+such a rule reaches every device) never lead this controller to act; each gets one
+``OverBroadDeviceTaintRule`` Warning per generation. The controller itself only ever
+writes rules that name exactly one device.
 
 Every action is an Event (on the rule or the pod) and a line in the ConfigMap
 ``drahealth-remediation-history`` (last 200). All state is rebuilt from the API at
@@ -45,12 +61,12 @@ import aiohttp
 from lightkube import ApiError, AsyncClient
 from lightkube.models.core_v1 import ObjectReference
 from lightkube.resources.core_v1 import ConfigMap, Pod
-from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
 from drahealth._aio import cancel_and_wait
 from drahealth._time import now_rfc3339
 from drahealth.core import (
+    REMEDIATION_MODES,
     ClusterModel,
     Consumer,
     DeviceFacts,
@@ -61,10 +77,25 @@ from drahealth.core import (
     Taint,
     Validate,
     Want,
+    selector_scope,
 )
-from drahealth.kube import Reflector, as_dict, make_event, write_configmap_data
+from drahealth.kube import (
+    Backoff,
+    DiscoveryError,
+    Reflector,
+    ServedAPIs,
+    as_dict,
+    discover,
+    make_event,
+    resource_class,
+    status_code,
+    to_internal,
+    write_configmap_data,
+)
 from drahealth.remedy._evict import Evictor
 from drahealth.remedy._metrics import ControllerMetrics
+from drahealth.remedy._modes import ModeChoice, ModeError, resolve_mode
+from drahealth.remedy._nodes import MAX_REASON, NODE_MODES, NodeDevice, NodeWriter
 from drahealth.remedy._rules import (
     ANNOTATION_NODE,
     ANNOTATION_REASON,
@@ -72,6 +103,7 @@ from drahealth.remedy._rules import (
     CONTROLLER_LABEL,
     MANAGED_BY,
     DeviceRef,
+    RuleError,
     is_ours,
     rule_body,
 )
@@ -99,6 +131,16 @@ def _release_list_memory() -> None:
 
 #: A pass yields to the event loop after this many devices observed.
 YIELD_EVERY = 500
+#: Over-broad rules remembered as warned (name, generation); the oldest are forgotten.
+MAX_WARNED = 10_000
+
+
+class _Rediscover(Exception):
+    """A list or watch of a resource.k8s.io kind answered 404: ask the server again."""
+
+    def __init__(self, reflector: str) -> None:
+        super().__init__(f"{reflector}: the server answered 404")
+        self.reflector = reflector
 
 
 class RemediationController:
@@ -114,7 +156,22 @@ class RemediationController:
         metrics: ControllerMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        served: ServedAPIs | None = None,
+        mode: str | None = None,
     ) -> None:
+        """``served``: what the server serves (None: discover it); ``mode``: one of
+        ``REMEDIATION_MODES``, overriding the policy's ``remediation.mode``."""
+        requested = mode or policy.remediation_mode
+        if requested not in REMEDIATION_MODES:
+            raise ModeError(
+                f"unknown remediation mode {requested!r}: "
+                f"choose one of {', '.join(REMEDIATION_MODES)}"
+            )
+        self.requested_mode = requested
+        self.served = served
+        self.choice: ModeChoice | None = None
+        self.discoveries = 0
+        self.synced = False
         self.client = client
         self.policy = policy
         self.identity = identity
@@ -122,47 +179,126 @@ class RemediationController:
         self.metrics = metrics or ControllerMetrics()
         self._clock = clock
         self._wall = wall
+        self._reset()
+        self._history: deque[JSON] = deque(maxlen=HISTORY_LENGTH)
+        self._history_dirty = False
+        self._warned: dict[tuple[str, int], None] = {}  # over-broad rules already warned
+        self.passes = 0
+
+    def _reset(self) -> None:
+        """The state one leadership (or one round after a rediscovery) starts from."""
+        client, policy = self.client, self.policy
         self.engine = RemedyEngine(policy)
         self.pods: Reflector[Pod] = Reflector(client, Pod, name="remedy-pods")
-        self.claims: Reflector[ResourceClaim] = Reflector(
-            client, ResourceClaim, name="remedy-claims"
-        )
-        self.slices: Reflector[ResourceSlice] = Reflector(
-            client, ResourceSlice, name="remedy-slices"
-        )
-        self.rules: Reflector[DeviceTaintRule] = Reflector(
-            client, DeviceTaintRule, name="remedy-rules"
-        )
+        self.claims: Reflector[Any] | None = None
+        self.slices: Reflector[Any] | None = None
+        self.rules: Reflector[Any] | None = None
+        self._rule_cls: Any = None
+        self._rules_api = "resource.k8s.io/v1"
         self.health: Reflector[ConfigMap] = Reflector(
             client,
             ConfigMap,
-            namespace=namespace,  # the agents publish there: no cluster-wide ConfigMap read
+            namespace=self.namespace,  # the agents publish there: no cluster-wide read
             labels={"app.kubernetes.io/component": "device-health"},
             name="remedy-device-health",
         )
         self.evictor = Evictor(client, policy.eviction, on_event=self._eviction_event)
-        self.model = ClusterModel(records_namespace=namespace)
+        self.nodes = NodeWriter(client, on_change=self._node_changed)
+        self.model = ClusterModel(records_namespace=self.namespace)
         self._feeds: list[tuple[Reflector[Any], Callable[..., None]]] = [
             (self.pods, self._feed("Pod")),
-            (self.claims, self._feed("ResourceClaim")),
-            (self.slices, self._feed("ResourceSlice")),
-            (self.rules, self._feed("DeviceTaintRule")),
             (self.health, self._feed("ConfigMap")),
         ]
+        self._seen_errors: dict[str, BaseException] = {}
+        self._since_wall: dict[DeviceKey, tuple[str, float]] = {}  # fallback taints' start
+        self._reported: dict[DeviceKey, tuple[str, str]] = {}  # report-only: what was said
+        self._no_node: set[DeviceKey] = set()  # devices without a node, said once
+        self._overbroad: list[tuple[str, int, str]] = []  # rules to warn about
         self._rule_names: dict[DeviceKey, str] = {}  # device -> our rule's name
         self._bodies: dict[tuple[DeviceKey, Want, str, str], JSON] = {}  # last pass's bodies
         self._evict_due: float | None = None  # wall time a tolerated eviction falls due
         self._wake = asyncio.Event()
         self._bad_seen: dict[DeviceKey, float] = {}  # first bad observation, for latency
         self._validating: set[DeviceKey] = set()
-        self._history: deque[JSON] = deque(maxlen=HISTORY_LENGTH)
-        self._history_dirty = False
         self._impact: dict[str, str] = {}  # rule name -> last impact message written
-        self.passes = 0
 
     # -- lifecycle -------------------------------------------------------------------
 
     async def run(self) -> None:
+        """The leader's work until cancelled; rounds restart after a rediscovery."""
+        backoff = Backoff(1.0, 60.0)
+        while True:
+            before = self.served
+            try:
+                await self._round()
+                return
+            except _Rediscover as exc:
+                self.served = await self._discover()
+                if before is not None and self.served.versions == before.versions:
+                    # nothing changed: the 404 was something else; retry later, not in a loop
+                    delay = backoff.next()
+                    log.warning(
+                        "%s, but discovery says nothing changed; retrying in %.1f s",
+                        exc,
+                        delay,
+                    )
+                    await asyncio.sleep(delay)
+                else:
+                    backoff.reset()
+                    log.info("%s: the served versions changed, restarting", exc)
+            self._reset()
+
+    async def _discover(self) -> ServedAPIs:
+        """Ask the server what it serves, retrying with backoff until it answers."""
+        backoff = Backoff(0.5, 30.0)
+        while True:
+            try:
+                served = await discover(self.client)
+            except DiscoveryError as exc:
+                delay = backoff.next()
+                log.warning("API discovery failed (%s); retrying in %.1f s", exc, delay)
+                await asyncio.sleep(delay)
+                continue
+            self.discoveries += 1
+            log.info("served resource.k8s.io versions: %s", served.summary())
+            return served
+
+    def _choose(self, served: ServedAPIs) -> tuple[ModeChoice, bool]:
+        """The mode on ``served``; True if the requested one could not run."""
+        rules_version = served.chosen("DeviceTaintRule")
+        fallback = self.policy.remediation_fallback
+        try:
+            choice = resolve_mode(
+                self.requested_mode,
+                fallback,
+                rules_version,
+                served.server_version,
+                dry_run=self.policy.dry_run,
+            )
+        except ModeError as exc:
+            return ModeChoice("report-only", f"{exc}; report-only until it is served"), True
+        return choice, False
+
+    def _dra_reflector(self, served: ServedAPIs, kind: str, name: str) -> Reflector[Any]:
+        cls = served.resource(kind) or resource_class(kind, "v1")
+        return Reflector(self.client, cls, name=name)
+
+    async def _round(self) -> None:
+        if self.served is None:
+            self.served = await self._discover()
+        served = self.served
+        self.choice, refused = self._choose(served)
+        self.claims = self._dra_reflector(served, "ResourceClaim", "remedy-claims")
+        self.slices = self._dra_reflector(served, "ResourceSlice", "remedy-slices")
+        self._feeds += [
+            (self.claims, self._feed("ResourceClaim")),
+            (self.slices, self._feed("ResourceSlice")),
+        ]
+        if served.served("DeviceTaintRule"):
+            self._rule_cls = served.resource("DeviceTaintRule")
+            self._rules_api = served.api_version("DeviceTaintRule") or self._rules_api
+            self.rules = Reflector(self.client, self._rule_cls, name="remedy-rules")
+            self._feeds.append((self.rules, self._feed("DeviceTaintRule")))
         reflectors = [r for r, _ in self._feeds]
         for r, feed in self._feeds:
             r.add_handler(feed)
@@ -170,28 +306,86 @@ class RemediationController:
         try:
             for r in reflectors:
                 await r.start()
-            for r in reflectors:
-                await r.wait_synced()
+            await self._wait_synced(reflectors)
             await self._load_history()
             self._seed()
+            await self._seed_nodes()
             _release_list_memory()
             tasks.append(asyncio.create_task(self.evictor.run(), name="evictor"))
+            await self._announce(refused)
+            self.synced = True
             log.info("%s: remediation controller active", self.identity)
             while True:
                 await self.reconcile()
                 await self._sleep()
+                self._check_404()
         finally:
+            self.synced = False
             await cancel_and_wait(tasks)
             for r, feed in self._feeds:
                 r.remove_handler(feed)
                 await r.stop()
 
+    async def _wait_synced(self, reflectors: list[Reflector[Any]]) -> None:
+        """Wait for every first LIST; a 404 of a resource.k8s.io kind ends the round."""
+        while not all(r.has_synced for r in reflectors):
+            self._check_404()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(0.1):
+                    await asyncio.gather(*(r.wait_synced() for r in reflectors))
+
+    def _check_404(self) -> None:
+        for r in (self.claims, self.slices, self.rules):
+            err = r.last_error if r is not None else None
+            if r is None or err is None or self._seen_errors.get(r.name) is err:
+                continue
+            self._seen_errors[r.name] = err
+            if status_code(err) == 404:
+                raise _Rediscover(r.name)
+
+    async def _announce(self, refused: bool) -> None:
+        """Say the mode: log line, gauge, the history ConfigMap's ``mode`` key, Event."""
+        choice = self.choice
+        assert choice is not None
+        (log.warning if refused else log.info)("%s", choice.line())
+        for m in REMEDIATION_MODES:
+            if m != "auto":
+                self.metrics.mode.labels(m).set(1 if m == choice.mode else 0)
+        data = {"mode": json.dumps(choice.as_json(), ensure_ascii=False)}
+        try:
+            await write_configmap_data(
+                self.client, HISTORY_CONFIGMAP, self.namespace, data,
+                {MANAGED_BY: CONTROLLER_LABEL},
+            )  # fmt: skip
+        except ApiError as exc:
+            log.warning("writing the remediation mode failed: %s", exc.status.message)
+        ref = ObjectReference(
+            apiVersion="v1", kind="ConfigMap", name=HISTORY_CONFIGMAP, namespace=self.namespace
+        )
+        await self._event(ref, "Warning" if refused else "Normal", "RemediationMode", choice.line())
+
     def _feed(self, kind: str) -> Callable[..., None]:
+        if kind == "DeviceTaintRule":
+            return self._feed_rule
+        convert = kind in ("ResourceClaim", "ResourceSlice")
+
         def on_event(event_type: str, obj: Any, _old: Any) -> None:
-            self.model.apply(kind, event_type, as_dict(obj))
+            raw = as_dict(obj)
+            self.model.apply(kind, event_type, to_internal(raw) if convert else raw)
             self._wake.set()
 
         return on_event
+
+    def _feed_rule(self, event_type: str, obj: Any, _old: Any) -> None:
+        raw = to_internal(as_dict(obj))
+        scope = selector_scope((raw.get("spec") or {}).get("deviceSelector"))
+        if event_type != "DELETED" and scope in ("all", "partial"):
+            # kubernetes #141422: such a rule reaches every device; never act on it
+            meta = raw.get("metadata") or {}
+            self._overbroad.append((str(meta.get("name")), int(meta.get("generation") or 0), scope))
+            event_type = "DELETED"  # out of the model: nothing here reads its taint
+        self.model.apply("DeviceTaintRule", event_type, raw)
+        self._wake.set()
 
     async def _sleep(self) -> None:
         now = self._clock()
@@ -226,12 +420,180 @@ class RemediationController:
             else:
                 self._bad_seen.pop(key, None)
         wants = self.engine.wants(now)
-        await self._reconcile_rules(wants, now)
-        self._plan_evictions(wants)
+        await self._warn_overbroad()
+        rule_wants, fallback = self._split(wants, now)
+        if self.choice is not None and self.choice.mode != "report-only":
+            if self.rules is not None:
+                await self._reconcile_rules(rule_wants, now)
+            await self.nodes.sync(self._node_devices(fallback))
+        self._plan_evictions(rule_wants, fallback)
+        self._report({k: w for k, (w, mode) in fallback.items() if not self._writes(mode, w)})
         self.evictor.gone(self.model.take_gone_pods())
         self._start_validations(now)
         self.metrics.pending_evictions.set(self.evictor.pending)
         await self._flush_history()
+
+    # -- modes -----------------------------------------------------------------------
+
+    def device_mode(self, want: Want) -> str:
+        """The mode a device's wanted taint is carried out in."""
+        choice = self.choice
+        if choice is None:
+            return "report-only"
+        if choice.fallback_path:
+            rule = self.policy.rule_named(want.rule)
+            if rule is not None and rule.action.fallback:
+                return rule.action.fallback
+        if choice.mode == "taint-rules" and want.effect == "None" and not choice.effect_none:
+            return "report-only"  # the 1.34 alpha API has no effect None
+        return choice.mode
+
+    @staticmethod
+    def _writes(mode: str, want: Want) -> bool:
+        """Whether ``mode`` does anything for ``want`` (else it is only reported)."""
+        if want.effect == "None" or mode == "report-only":
+            return False
+        return mode != "evict-only" or want.effect == "NoExecute"
+
+    def _split(
+        self, wants: dict[DeviceKey, Want], now: float
+    ) -> tuple[dict[DeviceKey, Want], dict[DeviceKey, tuple[Want, str]]]:
+        """(the wants carried out by DeviceTaintRules, the others with their mode)."""
+        rules: dict[DeviceKey, Want] = {}
+        other: dict[DeviceKey, tuple[Want, str]] = {}
+        wall = self._wall()
+        for key, want in wants.items():
+            mode = self.device_mode(want)
+            if mode == "taint-rules":
+                rules[key] = want
+                continue
+            other[key] = (want, mode)
+            since = self._since_wall.get(key)
+            if since is None or since[0] != want.effect:
+                self._since_wall[key] = (want.effect, round(wall, 3))
+                seen = self._bad_seen.get(key)
+                if since is None and seen is not None and self._writes(mode, want):
+                    self.metrics.reaction.observe(max(0.0, now - seen))
+        for key in [k for k in self._since_wall if k not in other]:
+            del self._since_wall[key]
+        return rules, other
+
+    def _node_devices(
+        self, fallback: dict[DeviceKey, tuple[Want, str]]
+    ) -> dict[str, list[NodeDevice]]:
+        out: dict[str, list[NodeDevice]] = {}
+        for key, (want, mode) in fallback.items():
+            if mode not in NODE_MODES or not self._writes(mode, want):
+                continue
+            node = self._facts(key).node
+            if not node:
+                if key not in self._no_node:
+                    self._no_node.add(key)
+                    log.warning("%s: no node known for the device, so no %s", key, mode)
+                continue
+            since = self._since_wall.get(key, ("", 0.0))[1]
+            out.setdefault(node, []).append(
+                NodeDevice(
+                    key, mode, want.key, want.value, want.effect, want.rule,
+                    want.reason[:MAX_REASON], since,
+                )
+            )  # fmt: skip
+        return out
+
+    async def _seed_nodes(self) -> None:
+        """Resume the devices drahealth listed on Nodes (modes node-taint and cordon)."""
+        try:
+            found = await self.nodes.load()
+        except ApiError as exc:
+            log.warning(
+                "listing nodes failed (%s): no node-level state resumed", exc.status.message
+            )
+            return
+        now, wall = self._clock(), self._wall()
+        for node, devices in found.items():
+            for d in devices:
+                facts = DeviceFacts(d.device.driver, d.device.pool, d.device.device, node)
+                want = Want(d.effect, d.key, d.value, d.rule, d.reason)
+                since = d.since or wall
+                self.engine.seed(facts, want, now - max(0.0, wall - since))
+                self._since_wall[d.device] = (d.effect, d.since or round(wall, 3))
+
+    def _node_changed(self, node: str, changes: list[str], devices: Any) -> None:
+        listed = ", ".join(str(d.device) for d in devices) or "none"
+        message = f"node {node}: {'; '.join(changes)} (unhealthy devices: {listed})"
+        log.info("%s", message)
+        self._record("node", node, message)
+        if any(c.startswith("tainted") for c in changes):
+            reason = "NodeTainted"
+        elif any(c.startswith("cordoned") for c in changes):
+            reason = "NodeCordoned"
+        elif any(c.startswith("uncordoned") for c in changes):
+            reason = "NodeUncordoned"
+        elif any(c.startswith("removed") for c in changes):
+            reason = "NodeUntainted"
+        else:
+            reason = "NodeDevicesUpdated"
+        self.metrics.actions.labels(f"node-{reason[4:].lower()}").inc()
+        ref = ObjectReference(apiVersion="v1", kind="Node", name=node)
+        kind = "Normal" if reason in ("NodeUncordoned", "NodeUntainted") else "Warning"
+        self._spawn(self._event(ref, kind, reason, message))
+
+    def _report(self, wants: dict[DeviceKey, Want]) -> None:
+        """Report-only: an Event and a history line per change of what would be done."""
+        for key in sorted(wants.keys() | self._reported.keys()):
+            want = wants.get(key)
+            said = None if want is None else (want.effect, want.value)
+            if self._reported.get(key) == said:
+                continue
+            node = self._facts(key).node
+            if want is None:
+                del self._reported[key]
+                message = f"report-only: {key} recovered; the taint would be removed"
+                reason, kind = "DeviceWouldBeUntainted", "Normal"
+            else:
+                self._reported[key] = said  # type: ignore[assignment]
+                message = (
+                    f"report-only ({self.device_mode(want)}): {key} would be tainted "
+                    f"{want.key}={want.value}:{want.effect}"
+                    + (f" (rule {want.rule})" if want.rule else "")
+                    + (f": {want.reason}" if want.reason else "")
+                )
+                reason, kind = "DeviceWouldBeTainted", "Warning"
+            log.info("%s", message)
+            self._record("report", str(key), message)
+            ref = (
+                ObjectReference(apiVersion="v1", kind="Node", name=node)
+                if node
+                else ObjectReference(
+                    apiVersion="v1", kind="ConfigMap", name=HISTORY_CONFIGMAP,
+                    namespace=self.namespace,
+                )
+            )  # fmt: skip
+            self._spawn(self._event(ref, kind, reason, message))
+
+    async def _warn_overbroad(self) -> None:
+        pending, self._overbroad = self._overbroad, []
+        for name, generation, scope in pending:
+            if (name, generation) in self._warned:
+                continue
+            self._warned[(name, generation)] = None
+            while len(self._warned) > MAX_WARNED:
+                del self._warned[next(iter(self._warned))]
+            reach = "every device in the cluster" if scope == "all" else "devices of every driver"
+            message = (
+                f"DeviceTaintRule {name} (generation {generation}) has "
+                + ("an empty device selector" if scope == "all" else "no driver in its selector")
+                + f", so it reaches {reach} (kubernetes #141422); drahealth does not act on it "
+                "and evicts nothing for it: give it driver, pool and device"
+            )
+            log.warning("%s", message)
+            self._record("over-broad", name, message)
+            ref = ObjectReference(apiVersion=self._rules_api, kind="DeviceTaintRule", name=name)
+            await self._event(ref, "Warning", "OverBroadDeviceTaintRule", message)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        task.add_done_callback(lambda _t: None)
 
     def _facts(self, key: DeviceKey) -> DeviceFacts:
         """The device's facts from its slice; the node from its observation if need be."""
@@ -245,6 +607,8 @@ class RemediationController:
         return DeviceFacts(f.driver, f.pool, f.device, node, f.attributes)
 
     def _seed(self) -> None:
+        if self.rules is None:
+            return
         now, wall = self._clock(), self._wall()
         for rule in self.rules.store.list():
             if not is_ours(rule) or rule.spec is None or rule.metadata is None:
@@ -289,6 +653,7 @@ class RemediationController:
             desired[body["metadata"]["name"]] = (key, body)
         self._bodies = bodies
         self._rule_names = {key: name for name, (key, _) in desired.items()}
+        assert self.rules is not None
         existing = {
             str(r.metadata.name): r
             for r in self.rules.store.list()
@@ -329,13 +694,19 @@ class RemediationController:
 
     async def _write_rule(self, action: str, body: JSON) -> bool:
         name = body["metadata"]["name"]
+        cls = self._rule_cls
+        if action != "delete":
+            scope = selector_scope(body["spec"].get("deviceSelector"))
+            if scope != "device":  # never write a rule reaching more than one device
+                raise RuleError(f"refusing to {action} DeviceTaintRule {name}: selector {scope}")
+            body = {**body, "apiVersion": self._rules_api}
         try:
             if action == "create":
-                await self.client.create(DeviceTaintRule.from_dict(body))  # type: ignore[call-overload]
+                await self.client.create(cls.from_dict(body))
             elif action == "update":
-                await self.client.replace(DeviceTaintRule.from_dict(body))  # type: ignore[call-overload]
+                await self.client.replace(cls.from_dict(body))
             else:
-                await self.client.delete(DeviceTaintRule, name)
+                await self.client.delete(cls, name)
         except ApiError as exc:
             if action == "create" and exc.status.code == 409:
                 return False  # the reflector will show it; next pass compares
@@ -366,7 +737,7 @@ class RemediationController:
         log.info("%s", message)
         self._record(action, device, message)
         await self._event(
-            ObjectReference(apiVersion="resource.k8s.io/v1", kind="DeviceTaintRule", name=name),
+            ObjectReference(apiVersion=self._rules_api, kind="DeviceTaintRule", name=name),
             "Normal" if action == "delete" else "Warning",
             {
                 "create": "DeviceTainted",
@@ -388,7 +759,7 @@ class RemediationController:
             + (f" in namespace(s) {', '.join(namespaces)}" if namespaces else "")
             + f"; devices: 1 ({key})"
         )
-        if self._impact.get(name) == message:
+        if self._impact.get(name) == message or not getattr(self.choice, "effect_none", True):
             return
         condition = {
             "type": "EvictionInProgress",
@@ -399,7 +770,7 @@ class RemediationController:
         }
         try:
             await self.client.patch(
-                DeviceTaintRule.Status,
+                self._rule_cls.Status,
                 name,
                 {"status": {"conditions": [condition]}},
                 patch_type=PatchType.MERGE,
@@ -409,7 +780,7 @@ class RemediationController:
             return
         self._impact[name] = message
         await self._event(
-            ObjectReference(apiVersion="resource.k8s.io/v1", kind="DeviceTaintRule", name=name),
+            ObjectReference(apiVersion=self._rules_api, kind="DeviceTaintRule", name=name),
             "Normal",
             "DryRunImpact",
             message,
@@ -417,18 +788,29 @@ class RemediationController:
 
     # -- evictions -----------------------------------------------------------------------
 
-    def _plan_evictions(self, wants: dict[DeviceKey, Want]) -> None:
+    def _plan_evictions(
+        self, wants: dict[DeviceKey, Want], fallback: dict[DeviceKey, tuple[Want, str]]
+    ) -> None:
+        """Pods of NoExecute devices: by the Evictor in eviction mode ``evict`` for rules,
+        and always in the modes without rules (nothing else would move them)."""
         self._evict_due = None
-        if self.policy.eviction.mode != "evict" or self.policy.dry_run:
+        if self.policy.dry_run:
             self.evictor.want([])
             return
+        todo: list[tuple[DeviceKey, Want, float | None]] = []
+        if self.policy.eviction.mode == "evict":
+            for key, want in wants.items():
+                source = f"devicetaintrule/{self._rule_names.get(key, '')}"
+                added = next((t.added for t in self.model.taints(key) if t.source == source), None)
+                todo.append((key, want, added))
+        for key, (want, mode) in fallback.items():
+            if mode != "report-only":
+                todo.append((key, want, self._since_wall.get(key, ("", None))[1]))
         out: list[tuple[Consumer, str]] = []
         wall = self._wall()
-        for key, want in wants.items():
+        for key, want, added in todo:
             if want.effect != "NoExecute":
                 continue
-            source = f"devicetaintrule/{self._rule_names.get(key, '')}"
-            added = next((t.added for t in self.model.taints(key) if t.source == source), None)
             taint = Taint(want.key, want.value, want.effect)
             leaving, later = self.model.evictions(key, taint, added, wall)
             if later is not None and (self._evict_due is None or later < self._evict_due):
@@ -455,8 +837,7 @@ class RemediationController:
             reason, kind_ = "EvictionFailed", "Warning"
         log.info("%s", text)
         self._record(f"evict-{kind}", f"{pod.namespace}/{pod.name}", text)
-        task = asyncio.get_running_loop().create_task(self._event(ref, kind_, reason, text))
-        task.add_done_callback(lambda _t: None)
+        self._spawn(self._event(ref, kind_, reason, text))
 
     # -- validation hooks ----------------------------------------------------------------
 

@@ -8,7 +8,7 @@ __all__ = ["ControllerMetrics"]
 
 
 class ControllerMetrics:
-    """Actions by type, failures, pending evictions, reaction latency, leadership."""
+    """Actions by type, failures, pending evictions, reaction latency, leadership, mode."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -37,4 +37,11 @@ class ControllerMetrics:
         )
         self.leader = Gauge(
             "drahealth_remedy_leader", "1 while this replica leads.", registry=self.registry
+        )
+        self.mode = Gauge(
+            "drahealth_controller_remediation_mode",
+            "1 for the remediation mode the leader runs in (taint-rules, node-taint, cordon, "
+            "evict-only, report-only), 0 for the others.",
+            ["mode"],
+            registry=self.registry,
         )

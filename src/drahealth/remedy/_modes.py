@@ -1,0 +1,108 @@
+"""Which remediation mode the controller runs in, and why, on the server it talks to.
+
+Owns :class:`ModeChoice` (the running mode, the reason in words, the DeviceTaintRule
+``apiVersion`` used or none, the server's version, whether the served rule API has the
+taint effect ``None``) and :func:`resolve_mode`, which maps the operator's request
+(``--remediation-mode`` or the policy's ``remediation``), what discovery found and the
+dry-run switch onto it. The choice itself among served APIs is the core's
+:func:`~drahealth.core.choose_remediation_mode`; this adds what the controller needs on
+top: a dry run where effect ``None`` does not exist (Kubernetes 1.34) or where no rule is
+written runs report-only, said so. No I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from drahealth.core import choose_remediation_mode
+
+__all__ = ["ModeChoice", "ModeError", "resolve_mode"]
+
+GROUP = "resource.k8s.io"
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)")
+
+
+class ModeError(ValueError):
+    """The requested mode cannot run on this server (the text says why and what to do)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModeChoice:
+    """The mode the controller runs in; see the module docstring."""
+
+    mode: str
+    why: str
+    #: ``resource.k8s.io/<version>`` of the DeviceTaintRule API used, None if not served
+    rules_api: str | None = None
+    server_version: str = ""
+    #: ``auto`` fell back because no rule API is served: rules' own fallbacks apply
+    fallback_path: bool = False
+    #: the served rule API knows effect ``None`` (1.35 on)
+    effect_none: bool = True
+
+    def line(self) -> str:
+        """The start-up log line: ``remediation mode: node-taint (auto: ...)``."""
+        return f"remediation mode: {self.mode} ({self.why})"
+
+    def as_json(self) -> dict[str, Any]:
+        """The history ConfigMap's ``mode`` key (``drahealth status`` prints it)."""
+        return {
+            "mode": self.mode,
+            "why": self.why,
+            "deviceTaintRuleAPI": self.rules_api,
+            "serverVersion": self.server_version,
+        }
+
+
+def server_minor(server_version: str) -> int | None:
+    """``v1.34.2`` -> 34; None when the version does not say (or is not 1.x)."""
+    m = _VERSION.match(server_version.strip())
+    if m is None or m.group(1) != "1":
+        return None
+    return int(m.group(2))
+
+
+def _has_effect_none(rules_version: str | None, server_version: str) -> bool:
+    if rules_version is None:
+        return False
+    if rules_version != "v1alpha3":
+        return True  # v1beta2 (1.36) and v1 (1.37+) have it
+    minor = server_minor(server_version)
+    return minor is not None and minor >= 35  # unknown: assume the 1.34 alpha API
+
+
+def resolve_mode(
+    requested: str,
+    fallback: str,
+    rules_version: str | None,
+    server_version: str = "",
+    *,
+    dry_run: bool = False,
+) -> ModeChoice:
+    """The mode for ``requested`` where the server serves ``rules_version`` of
+    DeviceTaintRule (None: no rule API); :class:`ModeError` if it cannot run."""
+    try:
+        mode, why = choose_remediation_mode(requested, rules_version, fallback=fallback)
+    except ValueError as exc:
+        raise ModeError(str(exc)) from None
+    effect_none = _has_effect_none(rules_version, server_version)
+    rules_api = f"{GROUP}/{rules_version}" if rules_version else None
+    fallback_path = requested == "auto" and rules_version is None
+    if dry_run:
+        release = f"Kubernetes {server_version}" if server_version else "this server"
+        if mode == "taint-rules" and not effect_none:
+            mode, why, fallback_path = (
+                "report-only",
+                f"dry run: {release} serves {rules_api} DeviceTaintRules without the taint "
+                "effect None (1.35 on), so nothing is written",
+                False,
+            )
+        elif mode in ("node-taint", "cordon", "evict-only"):
+            mode, why, fallback_path = (
+                "report-only",
+                f"dry run instead of {mode} ({why}): nothing is written to nodes or pods",
+                False,
+            )
+    return ModeChoice(mode, why, rules_api, server_version, fallback_path, effect_none)
