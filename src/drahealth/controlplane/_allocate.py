@@ -30,7 +30,15 @@ from celpy.celparser import CELParseError
 
 from drahealth.core import Taint, tolerated
 
-__all__ = ["AllocationError", "Device", "Taint", "allocate", "devices_from_slices", "tolerated"]
+__all__ = [
+    "AllocationError",
+    "Device",
+    "Taint",
+    "allocate",
+    "cel_selects",
+    "devices_from_slices",
+    "tolerated",
+]
 
 JSON = dict[str, Any]
 
@@ -138,6 +146,15 @@ def _selectors(selectors: Iterable[Any]) -> list[str]:
         if expr:
             out.append(str(expr))
     return out
+
+
+def cel_selects(selectors: Iterable[Any], device: Device) -> bool:
+    """Whether every CEL selector (``{"cel": {"expression": ...}}``) accepts ``device``;
+    an expression that does not compile accepts nothing."""
+    try:
+        return all(_cel_true(e, device) for e in _selectors(selectors))
+    except AllocationError:
+        return False
 
 
 @dataclass(slots=True)

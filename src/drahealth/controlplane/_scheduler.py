@@ -11,6 +11,14 @@ Owns :class:`SchedulerStandIn`. For every pod without ``spec.nodeName``:
 3. the pod is bound (``spec.nodeName``). A pod that does not fit gets
    ``PodScheduled=False`` with the reason, and is retried on the next change.
 
+Nodes are filtered as kube-scheduler's TaintToleration and NodeUnschedulable plugins
+do: a Node taint with effect NoSchedule or NoExecute the pod's ``spec.tolerations``
+do not tolerate, or ``spec.unschedulable`` (cordon, the taint
+``node.kubernetes.io/unschedulable:NoSchedule``), keeps pods off the node. Device
+taints follow the release profile: ignored without ``DRADeviceTaints``, and
+DeviceTaintRules read at the version the release serves (not at all when none); a
+1.34 alpha rule's ``deviceClassName`` and CEL ``selectors`` narrow what it selects.
+
 Claims no live pod reserves any more are deallocated; generated claims whose pod is
 gone are deleted (the garbage collector's job upstream). A stand-in for the embedded
 control plane: one pod at a time, no scoring, no preemption.
@@ -19,15 +27,17 @@ control plane: one pod at a time, no scoring, no preemption.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import secrets
+from collections.abc import Mapping
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
+from lightkube.resources import resource_v1alpha3
 from lightkube.resources.core_v1 import Node, Pod
 from lightkube.resources.resource_v1 import (
     DeviceClass,
-    DeviceTaintRule,
     ResourceClaim,
     ResourceClaimTemplate,
     ResourceSlice,
@@ -38,13 +48,24 @@ from drahealth.controlplane._allocate import (
     AllocationError,
     Device,
     allocate,
+    cel_selects,
     devices_from_slices,
 )
 from drahealth.controlplane._loop import reconcile_loop
-from drahealth.core import Taint, pod_claim_names, selects
-from drahealth.kube import Reflector, as_dict
+from drahealth.controlplane._resources import DeviceTaintRuleSpec134
+from drahealth.core import (
+    NEWEST_KUBE_VERSION,
+    KubeProfile,
+    Taint,
+    choose_version,
+    kube_profile,
+    pod_claim_names,
+    selects,
+    tolerated,
+)
+from drahealth.kube import Reflector, as_dict, resource_class
 
-__all__ = ["SchedulerStandIn", "rule_taints"]
+__all__ = ["SchedulerStandIn", "node_misfit", "rule_class", "rule_taints"]
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +73,46 @@ JSON = dict[str, Any]
 _ENDED = ("Succeeded", "Failed")
 
 
-def rule_taints(rules: list[JSON], effects: tuple[str, ...]) -> Any:
-    """A function device -> taints of the DeviceTaintRules that select it."""
+UNSCHEDULABLE_TAINT = Taint("node.kubernetes.io/unschedulable", "", "NoSchedule")
+
+
+class DeviceTaintRule134(resource_v1alpha3.DeviceTaintRule):
+    """The 1.34 alpha rule as a client type: its selector keeps ``deviceClassName`` and
+    CEL ``selectors`` (the shipped v1alpha3 type has the 1.35 shape and drops them)."""
+
+    spec: DeviceTaintRuleSpec134  # type: ignore[assignment]  # the wider 1.34 shape
+
+
+def rule_class(profile: KubeProfile) -> Any:
+    """The client type for the DeviceTaintRules ``profile`` serves, or None (not served)."""
+    version = choose_version(profile.served_versions("DeviceTaintRule"))
+    if version is None:
+        return None
+    if profile.rule_cel_selectors:
+        return DeviceTaintRule134
+    return resource_class("DeviceTaintRule", version)
+
+
+def _rule_selects(sel: Any, d: Device, classes: Mapping[str, JSON]) -> bool:
+    if not isinstance(sel, Mapping) or not selects(sel, d.driver, d.pool, d.name):
+        return False
+    exprs = []
+    if sel.get("deviceClassName"):  # 1.34 alpha: the class's selectors must match too
+        cls = classes.get(str(sel["deviceClassName"]))
+        if cls is None:
+            return False
+        exprs += list((cls.get("spec") or {}).get("selectors") or [])
+    exprs += list(sel.get("selectors") or [])
+    return not exprs or cel_selects(exprs, d)
+
+
+def rule_taints(
+    rules: list[JSON], effects: tuple[str, ...], classes: Mapping[str, JSON] | None = None
+) -> Any:
+    """A function device -> taints of the DeviceTaintRules that select it.
+
+    ``classes`` (name -> DeviceClass) resolves a 1.34 rule's ``deviceClassName``.
+    """
     selected = []
     for r in rules:
         spec = r.get("spec") or {}
@@ -67,18 +126,37 @@ def rule_taints(rules: list[JSON], effects: tuple[str, ...]) -> Any:
                 Taint(str(taint.get("key")), str(taint.get("value") or ""), str(taint["effect"])),
             )
         )
+    known = classes or {}
 
     def taints(d: Device) -> list[Taint]:
-        return [t for sel, t in selected if selects(sel, d.driver, d.pool, d.name)]
+        return [t for sel, t in selected if _rule_selects(sel, d, known)]
 
     return taints
+
+
+def node_misfit(node: JSON, pod: JSON) -> str | None:
+    """Why ``pod`` may not be scheduled to ``node`` (taints, cordon), or None if it may."""
+    tolerations = (pod.get("spec") or {}).get("tolerations") or []
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable") and not tolerated(UNSCHEDULABLE_TAINT, tolerations):
+        return "node is unschedulable (cordoned)"
+    for raw in spec.get("taints") or []:
+        if not isinstance(raw, dict) or raw.get("effect") not in ("NoSchedule", "NoExecute"):
+            continue
+        taint = Taint(str(raw.get("key", "")), str(raw.get("value") or ""), str(raw["effect"]))
+        if not tolerated(taint, tolerations):
+            return f"node has the untolerated taint {taint.key}={taint.value}:{taint.effect}"
+    return None
 
 
 class SchedulerStandIn:
     """See the module docstring; ``run()`` until cancelled."""
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: AsyncClient, profile: KubeProfile | None = None) -> None:
         self.client = client
+        profile = profile or kube_profile(NEWEST_KUBE_VERSION)
+        #: Device taints (slice and rule) are honoured only with ``DRADeviceTaints``.
+        self.device_taints = profile.slice_taints
         self.pods: Reflector[Pod] = Reflector(client, Pod, name="sched-pods")
         self.claims: Reflector[ResourceClaim] = Reflector(
             client, ResourceClaim, name="sched-claims"
@@ -90,8 +168,9 @@ class SchedulerStandIn:
             client, ResourceSlice, name="sched-slices"
         )
         self.classes: Reflector[DeviceClass] = Reflector(client, DeviceClass, name="sched-classes")
-        self.rules: Reflector[DeviceTaintRule] = Reflector(
-            client, DeviceTaintRule, name="sched-rules"
+        rules = rule_class(profile) if self.device_taints else None
+        self.rules: Reflector[Any] | None = (
+            None if rules is None else Reflector(client, rules, name="sched-rules")
         )
         self.nodes: Reflector[Node] = Reflector(client, Node, name="sched-nodes")
         self.bound = 0
@@ -99,9 +178,10 @@ class SchedulerStandIn:
 
     async def run(self) -> None:
         reflectors: list[Reflector[Any]] = [
-            self.pods, self.claims, self.templates, self.slices, self.classes, self.rules,
-            self.nodes,
+            self.pods, self.claims, self.templates, self.slices, self.classes, self.nodes,
         ]  # fmt: skip
+        if self.rules is not None:
+            reflectors.append(self.rules)
         await reconcile_loop(reflectors, self.pass_once, "scheduler stand-in")
 
     async def pass_once(self) -> None:
@@ -214,10 +294,17 @@ class SchedulerStandIn:
             if not r.get("adminAccess")
         }
         devices = devices_from_slices(self.slices.store.dicts())
+        if not self.device_taints:
+            devices = [dataclasses.replace(d, taints=()) for d in devices]
         classes = {
             str(c.metadata.name): as_dict(c) for c in self.classes.store.list() if c.metadata
         }
-        taints = rule_taints(self.rules.store.dicts(), ("NoSchedule", "NoExecute"))
+        rules = self.rules.store.dicts() if self.rules is not None else []
+        taints = rule_taints(rules, ("NoSchedule", "NoExecute"), classes)
+        nodes = {n["metadata"]["name"]: n for n in self.nodes.store.dicts()}
+        misfits = {name: why for name, n in nodes.items() if (why := node_misfit(n, pod))}
+        node_names = {d.node for d in devices if d.node}
+        fitting = sorted(node_names - set(misfits))
         node: str | None = None
         plans: list[tuple[JSON, list[JSON]]] = []
         for claim_obj in claims.values():
@@ -229,13 +316,20 @@ class SchedulerStandIn:
                 if node is not None and claim_node and claim_node != node:
                     self._unschedulable(pod, "claims are allocated on different nodes")
                     return
+                if claim_node in misfits:
+                    why = f"claim {c['metadata']['name']} is on {claim_node}: {misfits[claim_node]}"
+                    self._unschedulable(pod, why)
+                    await self._mark_unschedulable(pod, why)
+                    return
                 node = claim_node or node
                 plans.append((c, []))
                 continue
             try:
+                if not fitting and node is None and node_names:
+                    raise AllocationError(_misfit_text(misfits, len(nodes)))
                 chosen, results = allocate(
                     c, devices, classes, in_use=in_use, rule_taints=taints,
-                    nodes=None if node is None else [node],
+                    nodes=fitting if node is None else [node],
                 )  # fmt: skip
             except AllocationError as exc:
                 self._unschedulable(pod, f"claim {c['metadata']['name']}: {exc}")
@@ -245,11 +339,14 @@ class SchedulerStandIn:
             in_use |= {(r["driver"], r["pool"], r["device"]) for r in results}
             plans.append((c, results))
         if node is None:
-            nodes = sorted(str(n.metadata.name) for n in self.nodes.store.list() if n.metadata)
-            if not nodes:
-                self._unschedulable(pod, "no nodes")
+            free = sorted(set(nodes) - set(misfits))
+            if not free:
+                why = _misfit_text(misfits, len(nodes)) if misfits else "no nodes"
+                self._unschedulable(pod, why)
+                if misfits:
+                    await self._mark_unschedulable(pod, why)
                 return
-            node = nodes[0]
+            node = free[0]
         for c, results in plans:
             cm = c["metadata"]
             status: JSON = {
@@ -297,6 +394,12 @@ class SchedulerStandIn:
                 Pod.Status, meta["name"], {"status": {"conditions": [*conditions, condition]}},
                 namespace=meta["namespace"], patch_type=PatchType.MERGE,
             )  # fmt: skip
+
+
+def _misfit_text(misfits: Mapping[str, str], total: int) -> str:
+    """kube-scheduler's summary: ``0/N nodes are available: <node>: <why>; ...``."""
+    shown = "; ".join(f"{n}: {why}" for n, why in sorted(misfits.items())[:8])
+    return f"0/{max(total, len(misfits))} nodes are available: {shown}"
 
 
 def _alloc_node(alloc: JSON) -> str | None:

@@ -5,14 +5,20 @@ a live pod whose allocated claim holds a device with a NoExecute taint (from its
 ResourceSlice or a DeviceTaintRule) that the claim's request does not tolerate gets
 the ``DisruptionTarget`` condition (reason ``DeletionByDeviceTaintManager``) and is
 deleted; a toleration with ``tolerationSeconds`` delays that to the taint's
-``timeAdded`` + seconds. It does not touch pods that tolerate the taint.
+``timeAdded`` + seconds. It does not touch pods that tolerate the taint. A rule with an
+empty selector selects every device, as upstream's does (KEP-5055; kubernetes#141422
+shows one evicting every pod using a DRA device): the stand-in keeps that behaviour
+and logs a warning naming the rule. Rules are read at the version the release profile
+serves; their ``status`` is written only where the release has it (1.35+).
 
 Owns :class:`ReplicaSetStandIn`: keeps ``spec.replicas`` live pods (not ended, not
 being deleted) per ReplicaSet from its template, as the ReplicaSet controller does,
 and writes ``status.replicas`` / ``readyReplicas``.
 
-:class:`StandIns` runs the scheduler stand-in and these two together. Stand-ins
-serve the embedded control plane only; a real cluster has the real controllers.
+:class:`StandIns` runs the scheduler stand-in and these two together, following a
+release profile: the eviction stand-in runs only where the release evicts for device
+taints (``DRADeviceTaints``). Stand-ins serve the embedded control plane only; a real
+cluster has the real controllers.
 """
 
 from __future__ import annotations
@@ -27,18 +33,22 @@ from typing import Any
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.apps_v1 import ReplicaSet
 from lightkube.resources.core_v1 import Pod
-from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim, ResourceSlice
+from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
 from drahealth._aio import cancel_and_wait
 from drahealth.controlplane._allocate import Device, devices_from_slices
 from drahealth.controlplane._loop import reconcile_loop
-from drahealth.controlplane._scheduler import SchedulerStandIn, rule_taints
+from drahealth.controlplane._scheduler import SchedulerStandIn, rule_class, rule_taints
 from drahealth.core import (
+    NEWEST_KUBE_VERSION,
+    KubeProfile,
     Taint,
     eviction_due,
+    kube_profile,
     pod_claim_names,
     request_tolerations,
+    selector_scope,
     selects,
     tolerated,
 )
@@ -62,8 +72,10 @@ def _live(pod: JSON) -> bool:
 class TaintEvictionStandIn:
     """See the module docstring; ``run()`` until cancelled."""
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: AsyncClient, profile: KubeProfile | None = None) -> None:
         self.client = client
+        profile = profile or kube_profile(NEWEST_KUBE_VERSION)
+        self.rule_status = profile.rule_status
         self.pods: Reflector[Pod] = Reflector(client, Pod, name="taint-evict-pods")
         self.claims: Reflector[ResourceClaim] = Reflector(
             client, ResourceClaim, name="taint-evict-claims"
@@ -71,21 +83,49 @@ class TaintEvictionStandIn:
         self.slices: Reflector[ResourceSlice] = Reflector(
             client, ResourceSlice, name="taint-evict-slices"
         )
-        self.rules: Reflector[DeviceTaintRule] = Reflector(
-            client, DeviceTaintRule, name="taint-evict-rules"
-        )
+        self.rule_type: Any = rule_class(profile)
+        self.rules: Reflector[Any] | None = None
+        self.classes: Reflector[DeviceClass] | None = None
+        if self.rule_type is not None:
+            self.rules = Reflector(client, self.rule_type, name="taint-evict-rules")
+            if profile.rule_cel_selectors:  # a 1.34 rule may name a DeviceClass
+                self.classes = Reflector(client, DeviceClass, name="taint-evict-classes")
         self.deleted = 0
         self.evicted_by_rule: dict[str, int] = {}
+        self._warned: set[str] = set()
 
     async def run(self) -> None:
-        await reconcile_loop(
-            [self.pods, self.claims, self.slices, self.rules], self.pass_once, "taint eviction"
-        )
+        reflectors: list[Reflector[Any]] = [self.pods, self.claims, self.slices]
+        reflectors += [r for r in (self.rules, self.classes) if r is not None]
+        await reconcile_loop(reflectors, self.pass_once, "taint eviction")
+
+    def _warn_select_all(self, rules: list[JSON]) -> None:
+        """Log once per rule whose empty selector selects every device in the cluster."""
+        for r in rules:
+            sel = (r.get("spec") or {}).get("deviceSelector")
+            name = str(r["metadata"]["name"])
+            narrowed = isinstance(sel, dict) and (
+                sel.get("deviceClassName") or sel.get("selectors")
+            )
+            if selector_scope(sel) != "all" or narrowed or name in self._warned:
+                continue
+            self._warned.add(name)
+            effect = ((r.get("spec") or {}).get("taint") or {}).get("effect")
+            log.warning(
+                "DeviceTaintRule %s has an empty device selector: its %s taint applies to "
+                "every device in the cluster (as upstream; kubernetes#141422)",
+                name,
+                effect,
+            )
 
     async def pass_once(self) -> None:
         devices = {d.key: d for d in devices_from_slices(self.slices.store.dicts())}
-        rules = self.rules.store.dicts()
-        from_rules = rule_taints(rules, ("NoExecute",))
+        rules = self.rules.store.dicts() if self.rules is not None else []
+        self._warn_select_all(rules)
+        classes = {}
+        if self.classes is not None:
+            classes = {str(c["metadata"]["name"]): c for c in self.classes.store.dicts()}
+        from_rules = rule_taints(rules, ("NoExecute",), classes)
         added = {
             (r["spec"]["taint"]["key"], r["spec"]["taint"].get("effect")): r["spec"]["taint"].get(
                 "timeAdded"
@@ -103,7 +143,8 @@ class TaintEvictionStandIn:
                     if _from_rule(r, found[1], found[2]):
                         name = r["metadata"]["name"]
                         self.evicted_by_rule[name] = self.evicted_by_rule.get(name, 0) + 1
-        await self._rule_status(rules)
+        if self.rule_status:
+            await self._rule_status(rules)
 
     async def _rule_status(self, rules: list[JSON]) -> None:
         """``EvictionInProgress`` on NoExecute rules: False with how many pods were evicted."""
@@ -126,7 +167,7 @@ class TaintEvictionStandIn:
             }  # fmt: skip
             with contextlib.suppress(ApiError):
                 await self.client.patch(
-                    DeviceTaintRule.Status, name, {"status": {"conditions": [condition]}},
+                    self.rule_type.Status, name, {"status": {"conditions": [condition]}},
                     patch_type=PatchType.MERGE,
                 )  # fmt: skip
 
@@ -265,20 +306,31 @@ class ReplicaSetStandIn:
 
 
 class StandIns:
-    """The embedded control plane's controllers: scheduler, taint eviction, ReplicaSets."""
+    """The embedded control plane's controllers: scheduler, taint eviction, ReplicaSets.
 
-    def __init__(self, client: AsyncClient) -> None:
-        self.scheduler = SchedulerStandIn(client)
-        self.taint_eviction = TaintEvictionStandIn(client)
+    ``profile`` is the release the API server serves (None: the newest); without
+    ``DRADeviceTaints`` there is no taint eviction (``taint_eviction`` is None).
+    """
+
+    def __init__(self, client: AsyncClient, profile: KubeProfile | None = None) -> None:
+        profile = profile or kube_profile(NEWEST_KUBE_VERSION)
+        self.profile = profile
+        self.scheduler = SchedulerStandIn(client, profile)
+        self.taint_eviction: TaintEvictionStandIn | None = (
+            TaintEvictionStandIn(client, profile) if profile.taint_eviction else None
+        )
         self.replicasets = ReplicaSetStandIn(client)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         self._tasks = [
             asyncio.create_task(self.scheduler.run(), name="scheduler-stand-in"),
-            asyncio.create_task(self.taint_eviction.run(), name="taint-eviction-stand-in"),
             asyncio.create_task(self.replicasets.run(), name="replicaset-stand-in"),
         ]
+        if self.taint_eviction is not None:
+            self._tasks.append(
+                asyncio.create_task(self.taint_eviction.run(), name="taint-eviction-stand-in")
+            )
 
     async def stop(self) -> None:
         await cancel_and_wait(self._tasks)
