@@ -11,6 +11,11 @@ Device health is read from the node agents' records in ``--agent-namespace`` onl
 :mod:`drahealth.core`). Text from the API is shown as plain text: no rich
 markup, escape sequences and control characters removed. When the API cannot be used
 the commands print one ``error:`` line and exit 1 (2 for usage errors).
+
+Each command asks the server once which ``resource.k8s.io`` versions it serves and reads
+every DRA kind at the one chosen (see :mod:`drahealth.kube`). A kind the server does not
+serve (DeviceTaintRule on a 1.35 cluster without ``DRADeviceTaintRules``) is one
+``note:`` line saying so and what remediation does instead; the rest of the view works.
 """
 
 from __future__ import annotations
@@ -23,18 +28,19 @@ import time
 from typing import Any
 
 import click
+import httpx2
 import yaml
 from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import ConfigMap, Event, Pod
-from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim, ResourceSlice
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from drahealth._api_failures import api_failures, load_checked
+from drahealth._api_failures import CommandError, api_failures, load_checked
+from drahealth._served import NO_CONTROLLER, auto_mode, controller_mode, not_served_note
 from drahealth._text import json_text, printable
 from drahealth.core import DEFAULT_NAMESPACE, LABELS, agent_records
-from drahealth.kube import make_sync_client
+from drahealth.kube import DiscoveryError, ServedAPIs, discover_sync, make_sync_client, to_internal
 
 __all__ = ["history_command", "pods_command", "status_command", "watch_command"]
 
@@ -72,6 +78,79 @@ def _list(client: Client, kind: Any, namespace: str | None, **kw: Any) -> list[d
         return []
 
 
+#: ``resource.k8s.io`` kinds that are not namespaced.
+_CLUSTER_SCOPED = frozenset({"DeviceClass", "DeviceTaintRule", "ResourceSlice"})
+
+
+def _discover(client: Client) -> ServedAPIs:
+    """What the server serves of ``resource.k8s.io`` (asked once per command).
+
+    A transport failure is raised as itself (one ``error:`` line naming the server); an
+    answer that is not discovery is a warning, and v1 is assumed for every kind.
+    """
+    try:
+        return discover_sync(client)
+    except DiscoveryError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, Exception) and not isinstance(cause, DiscoveryError):
+            raise cause from None
+        _warn(f"{exc}; assuming resource.k8s.io/v1 for every kind")
+        return ServedAPIs.all_v1()
+
+
+def _list_dra(
+    client: Client, served: ServedAPIs, kind: str, namespace: str | None, unserved: set[str]
+) -> list[dict[str, Any]]:
+    """``kind`` of ``resource.k8s.io`` at the version the server serves, as v1 dicts.
+
+    A kind the server does not serve (by discovery, or a 404 on its path) is added to
+    ``unserved`` and lists nothing, so the rest of the view still works.
+    """
+    resource = served.resource(kind)
+    if resource is None:
+        unserved.add(kind)
+        return []
+    try:
+        if kind in _CLUSTER_SCOPED:
+            objects = [o.to_dict() for o in client.list(resource)]
+        else:
+            objects = _list(client, resource, namespace)
+    except ApiError as exc:
+        if exc.status.code == 403:
+            click.echo(f"note: no access to {kind}s ({exc.status.message})", err=True)
+            return []
+        if exc.status.code != 404:
+            raise
+        unserved.add(kind)
+        return []
+    except httpx2.HTTPStatusError as exc:  # an answer that is not a Kubernetes Status
+        code = exc.response.status_code
+        if code != 404:
+            raise CommandError(f"listing {kind}s: HTTP {code} from the API server") from None
+        unserved.add(kind)
+        return []
+    return [to_internal(o) for o in objects]
+
+
+def _controller_mode(client: Client, controller_namespace: str) -> Any:
+    """The controller's recorded remediation mode, or None (absent, or no access)."""
+    from drahealth.remedy import HISTORY_CONFIGMAP
+
+    try:
+        cm = client.get(ConfigMap, HISTORY_CONFIGMAP, namespace=controller_namespace)
+    except ApiError as exc:
+        if exc.status.code not in (403, 404):
+            raise
+        return None
+    return controller_mode(cm.to_dict())
+
+
+def _notes(unserved: set[str], served: ServedAPIs, mode: str | None = None) -> None:
+    """One ``note:`` line per kind the server does not serve."""
+    for kind in sorted(unserved):
+        click.echo(f"note: {printable(not_served_note(kind, served, mode))}", err=True)
+
+
 def _emit(rows: list[dict[str, Any]], output: str, table: Table) -> None:
     if output == "json":
         click.echo(json_text(rows, indent=2))
@@ -105,37 +184,74 @@ def _api_errors(fn: Any) -> Any:
     return wrapper
 
 
+_CONTROLLER_NAMESPACE = click.option(
+    "--controller-namespace",
+    default="default",
+    show_default=True,
+    help="Namespace of the remediation controller (its history ConfigMap).",
+)
+
+
+def _header(served: ServedAPIs, recorded: Any, unserved: set[str]) -> list[str]:
+    """The server, its DeviceTaintRule API, and the controller's remediation mode."""
+    if "DeviceTaintRule" in unserved:
+        served = ServedAPIs({}, served.server_version)
+    rules = served.api_version("DeviceTaintRule") or "not served"
+    server = served.server_version or "unknown version"
+    if recorded is not None:
+        mode = f"{recorded.describe()}, as the controller recorded"
+    else:
+        mode = f"{NO_CONTROLLER} (auto would choose {auto_mode(served)[0]})"
+    return [
+        f"server: Kubernetes {server}; DeviceTaintRule API: {rules}",
+        f"remediation mode: {mode}",
+    ]
+
+
 @click.command("status")
 @_KUBECONFIG
 @_NAMESPACE
 @_OUTPUT
 @_AGENT_NAMESPACE
+@_CONTROLLER_NAMESPACE
 @_api_errors
 def status_command(
-    kubeconfig: str | None, namespace: str | None, output: str, agent_namespace: str
+    kubeconfig: str | None,
+    namespace: str | None,
+    output: str,
+    agent_namespace: str,
+    controller_namespace: str,
 ) -> None:
     """Every device that is Unhealthy/Unknown or tainted, and the pods using it.
 
-    Exits 3 when a device that is not Healthy is used by a pod.
+    A header names the server, its DeviceTaintRule API and the controller's remediation
+    mode (on stderr with ``-o json|yaml``). Exits 3 when a device that is not Healthy is
+    used by a pod.
     """
     from drahealth.cli._inventory import device_rows
 
     client = _client(kubeconfig)
+    unserved: set[str] = set()
     try:
+        served = _discover(client)
+        recorded = _controller_mode(client, controller_namespace)
         health = agent_records(
             _list(client, ConfigMap, agent_namespace, labels=LABELS), agent_namespace
         )
         rows = device_rows(
             health,
             _list(client, Pod, namespace),
-            _list(client, ResourceClaim, namespace),
-            [s.to_dict() for s in client.list(ResourceSlice)],
-            [r.to_dict() for r in client.list(DeviceTaintRule)],
+            _list_dra(client, served, "ResourceClaim", namespace, unserved),
+            _list_dra(client, served, "ResourceSlice", None, unserved),
+            _list_dra(client, served, "DeviceTaintRule", None, unserved),
             time.time(),
             _warn,
         )
     finally:
         client.close()
+    for line in _header(served, recorded, unserved):
+        click.echo(printable(line), err=output in ("json", "yaml"))
+    _notes(unserved, served, recorded.mode if recorded is not None else None)
     wide = output == "wide"
     table = Table(box=None, header_style="bold")
     for col in ("NODE", "DEVICE", "HEALTH", "AGE", "MESSAGE", "TAINTS", "PODS"):
@@ -178,10 +294,14 @@ def pods_command(kubeconfig: str | None, namespace: str | None, output: str) -> 
     from drahealth.cli._inventory import pod_rows
 
     client = _client(kubeconfig)
+    unserved: set[str] = set()
     try:
-        rows = pod_rows(_list(client, Pod, namespace), _list(client, ResourceClaim, namespace))
+        served = _discover(client)
+        claims = _list_dra(client, served, "ResourceClaim", namespace, unserved)
+        rows = pod_rows(_list(client, Pod, namespace), claims)
     finally:
         client.close()
+    _notes(unserved, served)
     wide = output == "wide"
     table = Table(box=None, header_style="bold")
     for col in ("NAMESPACE", "POD", "NODE", "DEVICE", "HEALTH", "MESSAGE"):
@@ -224,9 +344,15 @@ def history_command(
         raise click.BadParameter(str(exc), param_hint="DEVICE") from exc
     client = _client(kubeconfig)
     rows: list[dict[str, Any]] = []
+    unserved: set[str] = set()
+    recorded = None
     try:
+        served = _discover(client)
+        if not served.served("DeviceTaintRule"):
+            unserved.add("DeviceTaintRule")
         try:
             cm = client.get(ConfigMap, HISTORY_CONFIGMAP, namespace=controller_namespace)
+            recorded = controller_mode(cm.to_dict())
             try:
                 entries = json.loads((cm.data or {}).get("history", "[]"))
             except ValueError as exc:
@@ -261,6 +387,7 @@ def history_command(
                 )
     finally:
         client.close()
+    _notes(unserved, served, recorded.mode if recorded is not None else None)
     rows.sort(key=lambda r: str(r["time"]))
     table = Table(box=None, header_style="bold")
     for col in ("TIME", "SOURCE", "WHAT", "MESSAGE"):

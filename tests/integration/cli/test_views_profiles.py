@@ -1,0 +1,131 @@
+"""The views on a server that does not serve some DRA kinds: say so, show the rest, exit 0.
+
+The scenario of ``test_views`` behind a server playing Kubernetes 1.35 without
+``DRADeviceTaintRules`` (no DeviceTaintRule API); the real ``drahealth`` CLI runs as a
+subprocess. A server without ResourceClaims too still lists pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import ConfigMap, Pod
+
+from drahealth.controlplane import APIServer
+from tests.integration.cli._profiles import Narrowing
+from tests.integration.cli.test_views import NODE, D, run, scenario
+from tests.integration.kube.conftest import api_server_options, client
+
+__all__ = ["api_server_options", "client"]
+
+NOT_SERVED = (
+    "DeviceTaintRules: not served by this server (Kubernetes 1.35 without DRADeviceTaintRules"
+)
+
+
+@pytest.fixture
+async def narrow(server: APIServer, client: AsyncClient) -> AsyncIterator[Narrowing]:
+    await scenario(client)
+    await client.delete(Pod, "train", namespace="ml")  # no bad device in use: status exits 0
+    proxy = Narrowing(server, version="1.35", hidden=("DeviceTaintRule",))
+    await proxy.start()
+    try:
+        yield proxy
+    finally:
+        await proxy.stop()
+
+
+async def test_status_without_the_rule_api_says_so_and_shows_the_rest(
+    narrow: Narrowing, tmp_path: Path
+) -> None:
+    kubeconfig = narrow.kubeconfig(tmp_path / "kubeconfig")
+    out = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig)
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    assert NOT_SERVED in out.stderr and "remediation uses node taints" in out.stderr
+    assert "server: Kubernetes v1.35.0; DeviceTaintRule API: not served" in out.stdout
+    assert "remediation mode: unknown: no controller has run (auto would choose node-taint)" in (
+        out.stdout
+    )
+    assert "gpu-1" in out.stdout and "XID 79" in out.stdout  # health still shown
+    # the operator's rule on gpu-3 is invisible: the server does not serve rules
+    js = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig, "-o", "json")
+    assert js.returncode == 0, js.stderr
+    rows = json.loads(js.stdout)
+    assert [r["device"].rpartition("/")[2] for r in rows] == ["gpu-1", "gpu-2"]
+    assert "DeviceTaintRule API: not served" in js.stderr
+
+
+async def test_status_header_shows_the_mode_the_controller_recorded(
+    narrow: Narrowing, client: AsyncClient, tmp_path: Path
+) -> None:
+    record = {"mode": "cordon", "why": "chosen: cordon", "serverVersion": "v1.35.0"}
+    await client.create(
+        ConfigMap.from_dict(
+            {
+                "metadata": {"name": "drahealth-remediation-history", "namespace": "default"},
+                "data": {"history": "[]", "mode": json.dumps(record)},
+            }
+        )
+    )
+    kubeconfig = narrow.kubeconfig(tmp_path / "kubeconfig")
+    out = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig)
+    assert out.returncode == 0, out.stderr
+    assert "remediation mode: cordon (chosen: cordon), as the controller recorded" in out.stdout
+    assert "remediation cordons nodes" in out.stderr
+    hist = await asyncio.to_thread(
+        run, "history", "--kubeconfig", kubeconfig, f"{D}/{NODE}/gpu-1", "-o", "json"
+    )
+    assert hist.returncode == 0 and json.loads(hist.stdout) == [], hist.stderr
+    assert NOT_SERVED in hist.stderr and "Traceback" not in hist.stderr
+
+
+async def test_pods_on_a_server_without_resource_claims(
+    server: APIServer, client: AsyncClient, tmp_path: Path
+) -> None:
+    await scenario(client)
+    proxy = Narrowing(server, version="1.36", hidden=("DeviceTaintRule", "ResourceClaim"))
+    await proxy.start()
+    try:
+        kubeconfig = proxy.kubeconfig(tmp_path / "kubeconfig")
+        out = await asyncio.to_thread(run, "pods", "--kubeconfig", kubeconfig, "-o", "json")
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout) == []  # pods without claims have no device rows
+        assert "ResourceClaims: not served by this server (Kubernetes 1.36" in out.stderr
+        assert "Traceback" not in out.stderr
+    finally:
+        await proxy.stop()
+
+
+class _NoDiscovery(Narrowing):
+    """Answers the resource.k8s.io discovery with a 500, and 404 without a Status body."""
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if request.path == "/apis/resource.k8s.io":
+            return web.Response(text="<html>oops</html>", status=500, content_type="text/html")
+        if "devicetaintrules" in request.path:
+            return web.Response(text="404 page not found", status=404)
+        return await super()._handle(request)
+
+
+async def test_status_when_discovery_fails_warns_and_still_shows_devices(
+    narrow: Narrowing, server: APIServer, tmp_path: Path
+) -> None:
+    proxy = _NoDiscovery(server, version="1.35", hidden=())
+    await proxy.start()
+    try:
+        kubeconfig = proxy.kubeconfig(tmp_path / "kubeconfig")
+        out = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig)
+        assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+        assert "GET /apis/resource.k8s.io: HTTP 500; assuming resource.k8s.io/v1" in out.stderr
+        assert "DeviceTaintRules: not served" in out.stderr, out.stderr
+        assert "remediation uses node taints" in out.stderr
+        assert "DeviceTaintRule API: not served" in out.stdout and "XID 79" in out.stdout
+    finally:
+        await proxy.stop()
