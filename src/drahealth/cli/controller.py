@@ -6,6 +6,12 @@ when it is wrong), builds the API client, then campaigns for the Lease
 :class:`~drahealth.remedy.RemediationController`. Prints ``ready: <id>``
 once campaigning and ``leading: <id>`` / ``standby: <id>`` on each change; SIGTERM or
 SIGINT stops the work first, then releases the Lease (exit 0).
+
+``--remediation-mode`` (default: the policy's ``remediation.mode``, else ``auto``) is
+checked against what the server serves before campaigning: ``taint-rules`` on a server
+without the DeviceTaintRule API exits 2 saying so. With ``--metrics-port``, ``/readyz``
+answers ready when this replica leads with its informers synced, or stands by with a
+known leader (both mean the API answered within the lease's renew deadline).
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import click
 
 from drahealth._aio import on_stop_signals
 from drahealth.cli._options import METRICS_HOST
-from drahealth.core import Policy, PolicyError
+from drahealth.core import REMEDIATION_MODES, Policy, PolicyError
 from drahealth.kube import KubeConfigError
 
 __all__ = ["controller_command"]
@@ -54,6 +60,13 @@ __all__ = ["controller_command"]
     default=None,
     help="Serve /metrics on --metrics-host:PORT (0 picks one).",
 )
+@click.option(
+    "--remediation-mode",
+    type=click.Choice(REMEDIATION_MODES),
+    default=None,
+    help="How wanted taints are carried out [default: the policy's remediation.mode, auto]: "
+    "auto uses DeviceTaintRules where served, else the policy's fallback (node-taint).",
+)
 @METRICS_HOST
 def controller_command(
     kubeconfig: str | None,
@@ -64,6 +77,7 @@ def controller_command(
     lease_duration: float,
     metrics_port: int | None,
     metrics_host: str,
+    remediation_mode: str | None,
 ) -> None:
     """Run the remediation controller: device health -> taints -> evictions -> untaint."""
     from drahealth.remedy import load_policy
@@ -74,6 +88,8 @@ def controller_command(
         raise click.UsageError(str(exc)) from exc
     if dry_run:
         policy = dataclasses.replace(policy, dry_run=True)
+    if remediation_mode is not None:
+        policy = dataclasses.replace(policy, remediation_mode=remediation_mode)
     if kubeconfig is not None and not os.path.isfile(kubeconfig):
         raise click.BadParameter(f"{kubeconfig}: no such file", param_hint="--kubeconfig")
     name = identity or f"{socket.gethostname()}-{os.getpid()}"
@@ -94,17 +110,31 @@ async def _run(
     metrics: tuple[str, int | None],
 ) -> None:
     from drahealth._metrics_http import MetricsServer
-    from drahealth.kube import LeaderElector, make_client
-    from drahealth.remedy import ControllerMetrics, RemediationController
+    from drahealth.kube import DiscoveryError, LeaderElector, discover, make_client
+    from drahealth.remedy import ControllerMetrics, ModeError, RemediationController, resolve_mode
 
     client = make_client(kubeconfig, field_manager="drahealth-controller")
+    try:
+        served = await discover(client)
+    except DiscoveryError as exc:
+        served = None  # the controller keeps asking once it leads
+        click.echo(f"API discovery failed ({exc}); the controller retries", err=True)
+    if served is not None:
+        try:
+            choice = resolve_mode(
+                policy.remediation_mode,
+                policy.remediation_fallback,
+                served.chosen("DeviceTaintRule"),
+                served.server_version,
+                dry_run=policy.dry_run,
+            )
+        except ModeError as exc:
+            await client.close()
+            raise click.UsageError(str(exc)) from None
+        click.echo(choice.line())
     metrics_host, metrics_port = metrics
     controller_metrics = ControllerMetrics()
-    server = None
-    if metrics_port is not None:
-        server = MetricsServer(controller_metrics.registry)
-        await server.start(metrics_host, metrics_port)
-        click.echo(f"metrics: {server.url}")
+    current: list[RemediationController] = []
     elector = LeaderElector(
         client,
         name="drahealth-controller",
@@ -117,14 +147,37 @@ async def _run(
         client_factory=lambda: make_client(kubeconfig, field_manager="drahealth-controller"),
     )
 
+    def ready() -> tuple[bool, str]:
+        if elector.is_leader:
+            if current and current[0].synced:
+                return True, "ok"
+            return False, "leading, informers not synced yet"
+        if elector.leader:
+            return True, "ok"
+        return False, "no leader known yet (the Lease was not read)"
+
+    server = None
+    if metrics_port is not None:
+        server = MetricsServer(controller_metrics.registry, ready=ready)
+        await server.start(metrics_host, metrics_port)
+        click.echo(f"metrics: {server.url}")
+
     async def lead() -> None:
         click.echo(f"leading: {identity}")
         controller_metrics.leader.set(1)
+        controller = RemediationController(
+            client,
+            policy,
+            identity=identity,
+            namespace=namespace,
+            metrics=controller_metrics,
+            served=served,
+        )
+        current[:] = [controller]
         try:
-            await RemediationController(
-                client, policy, identity=identity, namespace=namespace, metrics=controller_metrics
-            ).run()
+            await controller.run()
         finally:
+            current.clear()
             controller_metrics.leader.set(0)
             click.echo(f"standby: {identity}")
 

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from drahealth.remedy._controller import HISTORY_CONFIGMAP, RemediationController
     from drahealth.remedy._evict import Evictor
     from drahealth.remedy._metrics import ControllerMetrics
+    from drahealth.remedy._modes import ModeChoice, ModeError, resolve_mode
     from drahealth.remedy._operator import apply_taint, names_device, remove_taints
     from drahealth.remedy._policy_load import load_policy, parse_policy
     from drahealth.remedy._rules import (
@@ -46,6 +47,9 @@ _EXPORTS: dict[str, str] = {
     "RemediationController": "drahealth.remedy._controller",
     "Evictor": "drahealth.remedy._evict",
     "ControllerMetrics": "drahealth.remedy._metrics",
+    "ModeChoice": "drahealth.remedy._modes",
+    "ModeError": "drahealth.remedy._modes",
+    "resolve_mode": "drahealth.remedy._modes",
     "apply_taint": "drahealth.remedy._operator",
     "names_device": "drahealth.remedy._operator",
     "remove_taints": "drahealth.remedy._operator",
@@ -82,6 +86,8 @@ __all__ = [
     "ControllerMetrics",
     "DeviceRef",
     "Evictor",
+    "ModeChoice",
+    "ModeError",
     "RemediationController",
     "RuleError",
     "apply_taint",
@@ -98,6 +104,7 @@ __all__ = [
     "parse_policy",
     "pod_observations",
     "remove_taints",
+    "resolve_mode",
     "rule_body",
     "rule_name",
     "validate_taint",
