@@ -15,7 +15,12 @@ if TYPE_CHECKING:
     from drahealth.remedy._evict import Evictor
     from drahealth.remedy._metrics import ControllerMetrics
     from drahealth.remedy._modes import ModeChoice, ModeError, resolve_mode
-    from drahealth.remedy._operator import apply_taint, names_device, remove_taints
+    from drahealth.remedy._operator import (
+        RuleAPIUnavailable,
+        apply_taint,
+        names_device,
+        remove_taints,
+    )
     from drahealth.remedy._policy_load import load_policy, parse_policy
     from drahealth.remedy._rules import (
         CONTROLLER_LABEL,
@@ -50,6 +55,7 @@ _EXPORTS: dict[str, str] = {
     "ModeChoice": "drahealth.remedy._modes",
     "ModeError": "drahealth.remedy._modes",
     "resolve_mode": "drahealth.remedy._modes",
+    "RuleAPIUnavailable": "drahealth.remedy._operator",
     "apply_taint": "drahealth.remedy._operator",
     "names_device": "drahealth.remedy._operator",
     "remove_taints": "drahealth.remedy._operator",
@@ -89,6 +95,7 @@ __all__ = [
     "ModeChoice",
     "ModeError",
     "RemediationController",
+    "RuleAPIUnavailable",
     "RuleError",
     "apply_taint",
     "claims_by_name",

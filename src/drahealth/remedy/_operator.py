@@ -6,6 +6,12 @@ DeviceTaintRule for a device and key) and :func:`remove_taints` (delete the rule
 drahealth created for that device and key, the operator's and the controller's,
 never anyone else's). Inputs are validated before any API call; API errors propagate
 as lightkube ``ApiError``.
+
+Both work at the DeviceTaintRule version the server serves (``served``, from
+:func:`drahealth.kube.discover`; discovered when not given). Where no version is
+served they raise :class:`RuleAPIUnavailable`, whose text names what the server serves
+and the fallback. A rule is only ever written when its selector names exactly one
+device.
 """
 
 from __future__ import annotations
@@ -13,13 +19,37 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from lightkube import ApiError, AsyncClient
-from lightkube.resources.resource_v1 import DeviceTaintRule
 
-from drahealth.remedy._rules import DeviceRef, created_by, rule_body, validate_taint
+from drahealth.core import selector_scope
+from drahealth.kube import ServedAPIs, discover
+from drahealth.remedy._rules import DeviceRef, RuleError, created_by, rule_body, validate_taint
 
-__all__ = ["apply_taint", "names_device", "remove_taints"]
+__all__ = ["RuleAPIUnavailable", "apply_taint", "names_device", "remove_taints"]
 
 Outcome = Literal["created", "updated", "unchanged"]
+
+
+class RuleAPIUnavailable(RuntimeError):
+    """The server serves no DeviceTaintRule API; the text says what it serves instead."""
+
+    def __init__(self, served: ServedAPIs) -> None:
+        kinds = ", ".join(f"{k} {v}" for k, v in served.summary().items())
+        release = served.server_version or "this server"
+        super().__init__(
+            f"{release} serves no DeviceTaintRule API (resource.k8s.io: {kinds}); "
+            "enable the DRADeviceTaintRules feature gate (DRADeviceTaints on 1.34) or let "
+            "the controller's node-taint, cordon or evict-only mode act instead"
+        )
+        self.served = served
+
+
+async def _rule_class(client: AsyncClient, served: ServedAPIs | None) -> tuple[Any, str]:
+    if served is None:
+        served = await discover(client)
+    cls, api_version = served.resource("DeviceTaintRule"), served.api_version("DeviceTaintRule")
+    if cls is None or api_version is None:
+        raise RuleAPIUnavailable(served)
+    return cls, api_version
 
 
 def names_device(rule: Any, device: DeviceRef) -> bool:
@@ -34,38 +64,58 @@ def names_device(rule: Any, device: DeviceRef) -> bool:
 
 
 async def apply_taint(
-    client: AsyncClient, device: DeviceRef, *, key: str, value: str, effect: str
+    client: AsyncClient,
+    device: DeviceRef,
+    *,
+    key: str,
+    value: str,
+    effect: str,
+    served: ServedAPIs | None = None,
 ) -> tuple[str, Outcome]:
     """Make the operator's rule for ``device`` and ``key`` carry ``value``/``effect``.
 
     Returns the rule name and what happened. Raises ``RuleError`` for a bad key,
-    value or effect (before any API call).
+    value or effect (before any API call), :class:`RuleAPIUnavailable` where no rule
+    API is served.
     """
     validate_taint(key, value, effect)
     body = rule_body(device, key=key, value=value, effect=effect, by="operator")
+    scope = selector_scope(body["spec"]["deviceSelector"])
+    if scope != "device":  # never write a rule that reaches more than one device
+        raise RuleError(f"device {device}: the rule's selector would reach a whole {scope}")
+    cls, api_version = await _rule_class(client, served)
+    body["apiVersion"] = api_version
     name: str = body["metadata"]["name"]
     try:
-        current = await client.get(DeviceTaintRule, name)
+        current = await client.get(cls, name)
     except ApiError as exc:
         if exc.status.code != 404:
             raise
-        await client.create(DeviceTaintRule.from_dict(body))  # type: ignore[call-overload]
+        await client.create(cls.from_dict(body))
         return name, "created"
     taint = current.spec.taint if current.spec else None
     if taint is not None and (taint.effect, taint.value or "") == (effect, value):
         return name, "unchanged"
     updated = current.to_dict()
     updated["spec"]["taint"] = body["spec"]["taint"]
-    await client.replace(DeviceTaintRule.from_dict(updated))  # type: ignore[call-overload]
+    if selector_scope(updated["spec"].get("deviceSelector")) != "device":
+        raise RuleError(f"DeviceTaintRule {name} does not name exactly one device: not changed")
+    await client.replace(cls.from_dict(updated))
     return name, "updated"
 
 
 async def remove_taints(
-    client: AsyncClient, device: DeviceRef, *, key: str, effect: str | None = None
+    client: AsyncClient,
+    device: DeviceRef,
+    *,
+    key: str,
+    effect: str | None = None,
+    served: ServedAPIs | None = None,
 ) -> list[str]:
     """Delete drahealth's rules tainting ``device`` with ``key`` (and ``effect``)."""
+    cls, _ = await _rule_class(client, served)
     deleted: list[str] = []
-    async for rule in client.list(DeviceTaintRule):
+    async for rule in client.list(cls):
         taint = rule.spec.taint if rule.spec else None
         if (
             taint is None
@@ -76,6 +126,6 @@ async def remove_taints(
         ):
             continue
         assert rule.metadata is not None and rule.metadata.name
-        await client.delete(DeviceTaintRule, rule.metadata.name)
+        await client.delete(cls, rule.metadata.name)
         deleted.append(rule.metadata.name)
     return deleted
