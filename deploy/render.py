@@ -4,10 +4,11 @@ Owns: a Go ``text/template`` interpreter for the subset of the template language
 and Sprig functions the chart under ``deploy/helm/drahealth`` uses, Helm's
 built-in objects (``.Values``, ``.Release``, ``.Chart``, ``.Capabilities``), values
 merging (``-f`` files over ``values.yaml``, ``null`` deletes a key), the chart's
-``kubeVersion`` constraint and ``values.schema.json`` (as ``helm template`` checks them) and the output
-of ``helm template`` (one ``# Source:`` document per template, ``_*`` files only
-define). CI has no ``helm`` binary (no registry it reaches ships one), so the chart
-is rendered and validated with this; ``helm template`` gives the same manifests.
+``kubeVersion`` constraint and ``values.schema.json`` (checked as ``helm template``
+checks them) and the output of ``helm template`` (one ``# Source:`` document per
+template, ``_*`` files only define). CI has no ``helm`` binary (no registry it
+reaches ships one), so the chart is rendered and validated with this; ``helm
+template`` gives the same manifests.
 
 Supported: ``{{ }}`` with ``{{-``/``-}}`` trimming, ``{{/* */}}`` comments,
 pipelines, parenthesised sub-pipelines, variables (``$``, ``$x :=``, ``$x =``,

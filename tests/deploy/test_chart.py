@@ -164,18 +164,18 @@ def test_bad_remediation_mode_is_a_clear_error() -> None:
 
 
 def test_values_schema_catches_typos_in_types() -> None:
-    with pytest.raises(render.TemplateError, match=r"driver\.withdrawUnhealthy: 'yes'"):
-        docs({"driver": {"withdrawUnhealthy": "yes"}})
+    with pytest.raises(render.TemplateError, match=r"driver\.withdrawUnhealthy: True is not one"):
+        docs({"driver": {"withdrawUnhealthy": True}})
     with pytest.raises(render.TemplateError, match=r"probes\.liveness: Additional properties"):
         docs({"probes": {"liveness": {"periodSecond": 5}}})
 
 
-def test_withdraw_unhealthy_flag_only_when_asked() -> None:
+def test_withdrawal_flags_follow_the_values() -> None:
     [c] = one(docs(), "DaemonSet", "-driver")["spec"]["template"]["spec"]["containers"]
-    assert "--withdraw-unhealthy" not in c["args"]
-    manifests = docs({"driver": {"withdrawUnhealthy": True}})
+    assert "--withdraw-unhealthy=auto" in c["args"] and "--withdraw-unknown" not in c["args"]
+    manifests = docs({"driver": {"withdrawUnhealthy": "always", "withdrawUnknown": True}})
     [c] = one(manifests, "DaemonSet", "-driver")["spec"]["template"]["spec"]["containers"]
-    assert "--withdraw-unhealthy" in c["args"]
+    assert "--withdraw-unhealthy=always" in c["args"] and "--withdraw-unknown" in c["args"]
 
 
 def _restricted_violations(pod: dict[str, Any]) -> list[str]:
