@@ -21,7 +21,7 @@ from drahealth._aio import cancel_and_wait, on_stop_signals
 from drahealth._metrics_http import Readiness
 from drahealth.cli._options import IN_CLUSTER, METRICS_HOST
 from drahealth.cli._readiness import API_CHECK_INTERVAL, ApiCheck, all_of, driver_readiness
-from drahealth.driver import DEFAULT_CDI_DIR, CheckpointError
+from drahealth.driver import DEFAULT_CDI_DIR, WITHDRAW_MODES, CheckpointError
 from drahealth.kube import KubeConfigError
 from drahealth.simdriver import (
     DEFAULT_DRIVER_NAMES,
@@ -144,6 +144,22 @@ def _say(line: str) -> None:
     is_flag=True,
     help="Answer prepares from a ResourceClaim watch cache; a miss falls back to a GET.",
 )
+@click.option(
+    "--withdraw-unhealthy",
+    type=click.Choice(WITHDRAW_MODES),
+    default="never",
+    show_default=True,
+    is_flag=False,
+    flag_value="auto",
+    help="Leave latched-Unhealthy devices out of the ResourceSlices until Healthy: auto "
+    "(also the flag alone) = only where the server drops device taints (DRADeviceTaints "
+    "off), always = also where it keeps them.",
+)
+@click.option(
+    "--withdraw-unknown",
+    is_flag=True,
+    help="Withdraw Unknown devices too (where devices are withdrawn).",
+)
 @API_CHECK_INTERVAL
 def driver_command(
     profile: str,
@@ -167,6 +183,8 @@ def driver_command(
     sysfs_root: str,
     claim_cache: bool,
     api_check_interval: float,
+    withdraw_unhealthy: str,
+    withdraw_unknown: bool,
 ) -> None:
     """Run the sample DRA driver with simulated devices until SIGTERM/SIGINT."""
     config = SampleDriverConfig(
@@ -190,6 +208,8 @@ def driver_command(
         error_type_field=error_type_field,
         sysfs_root=sysfs_root,
         claim_cache=claim_cache,
+        withdraw_unhealthy=withdraw_unhealthy,  # type: ignore[arg-type]
+        withdraw_unknown=withdraw_unknown,
     )
     try:
         app = SampleDriverApp(config, say=_say)

@@ -172,11 +172,11 @@ class ResourceSlicePublisher:
     ``taints_kept`` (``None`` until a write carrying taints showed it), ``withdrawn``
     (devices left out now).
 
-    ``withdraw_unhealthy`` (default ``"auto"``) decides whether the devices given to
-    :meth:`set_withdrawn` are left out of the slices: ``"auto"`` only while the server
-    drops device taints (so the scheduler stops picking a bad device on a release
-    without them, and nothing changes where taints work), ``"always"`` also where
-    taints are kept, ``"never"`` not at all.
+    ``withdraw_unhealthy`` decides whether the devices given to :meth:`set_withdrawn`
+    are left out of the slices: ``"never"`` (the default: a driver's devices are not
+    hidden unless its author asks), ``"auto"`` only while the server drops device
+    taints (the scheduler stops picking a bad device on a release without them, and
+    nothing changes where taints work), ``"always"`` also where taints are kept.
     """
 
     def __init__(
@@ -192,7 +192,7 @@ class ResourceSlicePublisher:
         backoff_max: float = 30.0,
         sync_timeout: float = 10.0,
         on_error: ErrorCallback | None = None,
-        withdraw_unhealthy: WithdrawMode = "auto",
+        withdraw_unhealthy: WithdrawMode = "never",
         taints_recheck_interval: float = DEFAULT_TAINTS_RECHECK_INTERVAL,
     ) -> None:
         if not driver_name or not node_name:

@@ -19,7 +19,8 @@ Also owns :class:`SampleDriver` (prepare answers the allocated devices, with no 
 effects; the toolkit adds CDI ids; a device latched Unhealthy in the hub fails with a
 ``PERMANENT_DEVICE`` error), :class:`SimulatedHealthSource` (every device Healthy,
 re-reported as a heartbeat) and :class:`SampleDriverApp`, which assembles hub, plugin,
-control socket, metrics and (with API access) ResourceSlice publisher and taints.
+control socket, metrics and (with API access) ResourceSlice publisher and taints (and,
+with ``withdraw_unhealthy``, latched-Unhealthy devices left out of the slices).
 The command (``drahealth.cli.driver``) only parses options and prints.
 """
 
@@ -49,6 +50,7 @@ from drahealth._aio import cancel_and_wait, on_stop_signals
 from drahealth._metrics_http import MetricsServer
 from drahealth.core import Health
 from drahealth.driver import (
+    WITHDRAW_MODES,
     ClaimRef,
     DeviceReport,
     DriverMetrics,
@@ -65,6 +67,7 @@ from drahealth.driver import (
     TaintController,
     TaintPolicy,
     TaintStore,
+    WithdrawMode,
     split_pool,
     start,
 )
@@ -388,6 +391,17 @@ class SampleDriverConfig:
     error_type_field: bool = False
     claim_cache: bool = False
     sysfs_root: str = "/sys"
+    #: Leave latched-Unhealthy devices out of the ResourceSlices (``auto``: only where
+    #: the server drops device taints); ``withdraw_unknown``: Unknown ones too.
+    withdraw_unhealthy: WithdrawMode = "never"
+    withdraw_unknown: bool = False
+
+    def __post_init__(self) -> None:
+        if self.withdraw_unhealthy not in WITHDRAW_MODES:
+            raise ValueError(
+                f"withdraw_unhealthy {self.withdraw_unhealthy!r}: choose one of "
+                f"{', '.join(WITHDRAW_MODES)}"
+            )
 
 
 class SampleDriverApp:
@@ -504,14 +518,20 @@ class SampleDriverApp:
             self.metrics_server = MetricsServer(self.metrics.registry)
             await self.metrics_server.start(c.metrics_host, c.metrics_port)
         if self.client is not None:
-            self.publisher = ResourceSlicePublisher(self.client, c.driver_name, c.node_name)
+            self.publisher = ResourceSlicePublisher(
+                self.client,
+                c.driver_name,
+                c.node_name,
+                withdraw_unhealthy=c.withdraw_unhealthy,
+            )
             self.metrics.watch_publisher(self.publisher)
             self.publisher.publish(self.resources)
             self.taints = TaintController(
                 self.hub,
-                TaintPolicy(c.driver_name),
+                TaintPolicy(c.driver_name, withdraw_unknown=c.withdraw_unknown),
                 self.publisher.set_device_taints,
                 store=TaintStore(os.path.join(options.effective_state_dir, TAINT_STORE_NAME)),
+                withdraw=self.publisher.set_withdrawn,
             )
             await self.taints.start()
         if self.pci is not None:

@@ -1,9 +1,10 @@
 """ResourceSlicePublisher on servers that keep or drop device taints, and withdrawal.
 
 A server with ``DRADeviceTaints`` off (before Kubernetes 1.36 by default) stores a slice
-without ``devices[].taints`` and says nothing. ``DropsTaints`` plays that server in front
-of the embedded API server: every slice written through it loses its taints, as the real
-server's field dropping does, so the object a write returns and the watch both show none.
+without ``devices[].taints`` and says nothing. The last test runs the embedded API server
+as each release; the others use ``DropsTaints`` in front of it, which can also play a
+server upgraded while the publisher runs: every slice written through it loses its
+taints, as the real server's field dropping does.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceSlice
 
 from drahealth.controlplane import APIServer
-from drahealth.core import Health
+from drahealth.core import Health, kube_profile
 from drahealth.driver import DriverMetrics
 from drahealth.driver._hub import DeviceReport, HealthHub
 from drahealth.driver._publisher import ResourceSlicePublisher, strip_taints_of
@@ -111,6 +112,19 @@ def gauge(metrics: DriverMetrics, name: str, **labels: str) -> float | None:
     return metrics.registry.get_sample_value(name, {"driver": DRIVER, **labels})
 
 
+async def test_default_never_withdraws(client: AsyncClient, dropping: DropsTaints) -> None:
+    pub = publisher_for(dropping)
+    try:
+        pub.publish(resources())
+        pub.set_withdrawn({(POOL, "gpu-1")})
+        pub.set_device_taints({(POOL, "gpu-1"): [taint()]})
+        await eventually(lambda: pub.taints_kept is False, 5, "taints seen dropped")
+        await pub.wait_synced(5)
+        assert pub.withdrawn == frozenset() and "gpu-1" in await published(client)
+    finally:
+        await pub.stop()
+
+
 async def test_dropped_taints_are_detected_logged_once_and_not_rewritten(
     client: AsyncClient, dropping: DropsTaints, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -152,7 +166,7 @@ async def test_dropped_taints_are_detected_logged_once_and_not_rewritten(
 async def test_kept_taints_are_published_and_nothing_is_withdrawn_in_auto(
     client: AsyncClient,
 ) -> None:
-    pub = publisher_for(client)
+    pub = publisher_for(client, withdraw_unhealthy="auto")
     try:
         pub.publish(resources())
         pub.set_withdrawn({(POOL, "gpu-1")})
@@ -186,7 +200,7 @@ async def test_unhealthy_device_is_withdrawn_while_taints_are_dropped_and_return
     brings it back; an Unknown report in between keeps it out (only Healthy recovers)."""
     hub = HealthHub([(POOL, f"gpu-{i}") for i in range(4)])
     hub.submit("sim", [DeviceReport(POOL, f"gpu-{i}", Health.HEALTHY) for i in range(4)])
-    pub = publisher_for(dropping)
+    pub = publisher_for(dropping, withdraw_unhealthy="auto")
     metrics = DriverMetrics(DRIVER)
     metrics.watch_publisher(pub)
     taints = TaintController(
@@ -233,7 +247,7 @@ async def test_after_a_reconnect_the_publisher_checks_again(
 ) -> None:
     """The server is upgraded (taints kept from now on) and the watch reconnects: the
     taint is published and the withdrawn device comes back, without a restart."""
-    pub = publisher_for(dropping, taints_recheck_interval=0.05)
+    pub = publisher_for(dropping, withdraw_unhealthy="auto", taints_recheck_interval=0.05)
     try:
         pub.publish(resources())
         pub.set_withdrawn({(POOL, "gpu-1")})
@@ -252,3 +266,52 @@ async def test_after_a_reconnect_the_publisher_checks_again(
         assert pub.withdrawn == frozenset()
     finally:
         await pub.stop()
+
+
+# -- the embedded server playing a release -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("version", "kept"), [("1.34", False), ("1.35", False), ("1.36", True), ("1.38", True)]
+)
+async def test_release_profiles_keep_or_drop_taints(
+    version: str, kept: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The real server's field dropping (DRADeviceTaints off before 1.36): one warning,
+    one write that shows it, the unhealthy device withdrawn in auto mode and back after."""
+    srv = APIServer(profile=kube_profile(version))
+    await srv.start(host="127.0.0.1", port=0)
+    client = make_client(server_url=srv.url)
+    pub = publisher_for(client, withdraw_unhealthy="auto", taints_recheck_interval=0.05)
+    try:
+        await client.create(Node(metadata=ObjectMeta(name=NODE)))
+        pub.publish(resources())
+        await pub.wait_synced(5)
+        writes = pub.creates + pub.updates
+        with caplog.at_level(logging.WARNING, logger="drahealth.driver._publisher"):
+            pub.set_withdrawn({(POOL, "gpu-1")})
+            pub.set_device_taints({(POOL, "gpu-1"): [taint()]})
+            await eventually(lambda: pub.taints_kept is not None, 5, "taints checked")
+            await pub.wait_synced(5)
+            if not kept:  # rechecks run while taints are dropped: none may write
+                syncs = pub.syncs
+                await eventually(lambda: pub.syncs > syncs + 5, 5, "recheck syncs")
+        assert pub.taints_kept is kept
+        after = await published(client)
+        if kept:
+            assert after["gpu-1"] == [KEY] and pub.withdrawn == frozenset()
+            assert pub.creates + pub.updates == writes + 1
+            assert not caplog.records
+        else:
+            assert "gpu-1" not in after and all(t == [] for t in after.values())
+            assert pub.creates + pub.updates == writes + 2  # the taint, then the withdrawal
+            gate = [r for r in caplog.records if "DRADeviceTaints" in r.getMessage()]
+            assert len(gate) == 1, [r.getMessage() for r in caplog.records]
+        pub.set_withdrawn(())
+        pub.set_device_taints({})
+        await pub.wait_synced(5)
+        assert sorted(await published(client)) == [f"gpu-{i}" for i in range(4)]
+    finally:
+        await pub.stop()
+        await client.close()
+        await srv.stop()
