@@ -1,0 +1,323 @@
+"""The remediation controller on each release profile of the embedded API server.
+
+Without the DeviceTaintRule API (1.35 with its defaults) it taints or cordons the node,
+evicts only the bad device's consumer as its budget allows and undoes exactly its own
+writes after recovery; report-only writes nothing; where rules are served they are
+written at the served version; an over-broad rule never makes it evict; a vanished
+version is rediscovered instead of retried in a loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from lightkube import AsyncClient
+from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
+from lightkube.resources.policy_v1 import PodDisruptionBudget
+from lightkube.types import PatchType
+
+from drahealth.controlplane import APIServer
+from drahealth.core import kube_profile
+from drahealth.kube import ServedAPIs, make_client, resource_class
+from drahealth.remedy import _controller
+from drahealth.remedy._controller import HISTORY_CONFIGMAP, RemediationController
+from drahealth.remedy._nodes import ANNOTATION_CORDONED, ANNOTATION_DEVICES
+from tests._support import eventually
+from tests.integration.remedy.test_controller import NODE, make_pod, policy, set_health
+
+pytestmark = pytest.mark.timeout(60)
+
+RULES = """- name: xid
+  match: {driver: gpu.example.com, message: "XID"}
+  action: {effect: NoExecute, taintValue: xid}
+  recovery: {healthyFor: 0.5s}
+- name: any
+  match: {driver: gpu.example.com}
+  action: {effect: NoSchedule}
+  recovery: {healthyFor: 0.5s}
+"""
+FOREIGN = {"key": "ops/maintenance", "value": "planned", "effect": "NoSchedule"}
+
+
+@asynccontextmanager
+async def cluster(version: str, **gates: bool) -> AsyncIterator[tuple[AsyncClient, list[str]]]:
+    """An API server of the release, a client, and the paths the client asked for."""
+    srv = APIServer(data_file=None, watch_window=1000, profile=kube_profile(version, gates))
+    await srv.start(host="127.0.0.1", port=0)
+    client = make_client(server_url=srv.url, timeout=5.0)
+    paths: list[str] = []
+
+    async def note(request: Any) -> None:
+        paths.append(request.url.path)
+
+    client._client._client.event_hooks["request"].append(note)
+    try:
+        yield client, paths
+    finally:
+        await client.close()
+        await srv.stop()
+
+
+@asynccontextmanager
+async def running(
+    client: AsyncClient, text: str, extra: str = "", **kw: Any
+) -> AsyncIterator[RemediationController]:
+    controller = RemediationController(client, policy(text, extra), identity="c1", **kw)
+    task = asyncio.create_task(controller.run())
+    try:
+        await eventually(lambda: _true(controller.synced), 10.0, "the controller to sync")
+        yield controller
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def make_node(client: AsyncClient, name: str = NODE, **spec: Any) -> None:
+    await client.create(Node.from_dict({"metadata": {"name": name}, "spec": spec}))
+
+
+async def node_dict(client: AsyncClient, name: str = NODE) -> dict[str, Any]:
+    out = (await client.get(Node, name)).to_dict()
+    assert isinstance(out, dict)
+    return out
+
+
+async def events(client: AsyncClient, reason: str) -> list[Any]:
+    return [e async for e in client.list(Event, namespace="default") if e.reason == reason]
+
+
+async def pod_names(client: AsyncClient) -> set[str]:
+    return {str(p.metadata.name) async for p in client.list(Pod, namespace="default")}
+
+
+async def test_node_taint_without_the_rule_api_end_to_end(caplog: Any) -> None:
+    caplog.set_level(logging.INFO, logger="drahealth.remedy._controller")
+    async with cluster("1.35") as (client, paths):
+        await make_node(client, taints=[FOREIGN])
+        await set_health(client, gpu_0="Healthy", gpu_1="Healthy")
+        await make_pod(client, "victim", "gpu-0", {"app": "victim"})
+        await make_pod(client, "bystander", "gpu-1", {"app": "bystander"})
+        pdb = {
+            "metadata": {"name": "victim", "namespace": "default"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "victim"}}},
+        }
+        await client.create(PodDisruptionBudget.from_dict(pdb))
+        async with running(client, RULES, "eviction: {perSecond: 20}\n") as controller:
+            assert controller.choice is not None and controller.choice.mode == "node-taint"
+            assert controller.rules is None
+            assert (
+                "remediation mode: node-taint (auto: the server serves no DeviceTaintRule API, "
+                "so node-taint)" in caplog.text
+            )
+            gauge = controller.metrics.mode.labels("node-taint")._value.get()  # type: ignore[attr-defined]
+            assert gauge == 1
+            cm = await client.get(ConfigMap, HISTORY_CONFIGMAP, namespace="default")
+            mode = json.loads((cm.data or {})["mode"])
+            assert mode["mode"] == "node-taint" and mode["deviceTaintRuleAPI"] is None
+            assert mode["serverVersion"].startswith("v1.35")
+            assert await events(client, "RemediationMode")
+
+            await set_health(client, gpu_0=("Unhealthy", "XID 79"))
+
+            async def tainted() -> dict[str, Any] | None:
+                n = await node_dict(client)
+                return n if len(n["spec"].get("taints") or []) == 2 else None
+
+            n = await eventually(tainted, 5.0, "the node taint")
+            assert n["spec"]["taints"] == [
+                FOREIGN,
+                {"key": "drahealth.io/unhealthy", "value": "gpu-0", "effect": "NoSchedule"},
+            ]
+            (row,) = json.loads(n["metadata"]["annotations"][ANNOTATION_DEVICES])
+            assert row["device"] == f"gpu.example.com/{NODE}/gpu-0" and "XID 79" in row["reason"]
+            await eventually(
+                lambda: events(client, "EvictionBlocked"), 5.0, "the budget to hold the victim"
+            )
+            assert await pod_names(client) == {"victim", "bystander"}
+            await client.patch(
+                PodDisruptionBudget, "victim", {"spec": {"minAvailable": 0}},
+                namespace="default", patch_type=PatchType.MERGE,
+            )  # fmt: skip
+
+            async def victim_gone() -> bool:
+                return await pod_names(client) == {"bystander"}
+
+            await eventually(victim_gone, 15.0, "only the victim to be evicted")
+            # recovery: the taint and annotation go, the operator's taint stays
+            await set_health(client, gpu_0="Healthy")
+
+            async def clean() -> dict[str, Any] | None:
+                n = await node_dict(client)
+                return n if n["spec"].get("taints") == [FOREIGN] else None
+
+            n = await eventually(clean, 5.0, "the node taint to be removed after recovery")
+            assert ANNOTATION_DEVICES not in (n["metadata"].get("annotations") or {})
+            assert await pod_names(client) == {"bystander"}
+    # no request ever went to a DeviceTaintRule endpoint the server does not serve
+    assert not [p for p in paths if "devicetaintrules" in p], paths
+
+
+async def test_cordon_never_uncordons_an_operator_cordoned_node() -> None:
+    async with cluster("1.36") as (client, _):
+        await make_node(client)  # node-1: drahealth cordons and uncordons it
+        await make_node(client, "node-2", unschedulable=True)  # the operator's cordon
+        rows = [{"driver": "gpu.example.com", "pool": "node-2", "device": "gpu-0",
+                 "health": "Unhealthy", "message": "ECC"}]  # fmt: skip
+        other = {
+            "metadata": {
+                "name": "drahealth-devices-node-2", "namespace": "default",
+                "labels": {"app.kubernetes.io/component": "device-health",
+                           "app.kubernetes.io/managed-by": "drahealth-agent",
+                           "drahealth.io/node": "node-2"},
+            },
+            "data": {"devices": json.dumps(rows)},
+        }  # fmt: skip
+        await set_health(client, gpu_0=("Unhealthy", "ECC"))
+        await client.create(ConfigMap.from_dict(other))
+        async with running(client, RULES, "remediation: {fallback: cordon}\n") as controller:
+            assert controller.choice is not None and controller.choice.mode == "cordon"
+
+            async def cordoned() -> bool:
+                n = await node_dict(client)
+                return bool(n["spec"].get("unschedulable"))
+
+            await eventually(cordoned, 5.0, "drahealth's cordon of node-1")
+            n2 = await node_dict(client, "node-2")
+            await eventually(
+                lambda: _listed(client, "node-2"), 5.0, "node-2's devices to be listed"
+            )
+            assert ANNOTATION_CORDONED not in (n2["metadata"].get("annotations") or {})
+            await set_health(client, gpu_0="Healthy")
+            rows[0]["health"] = "Healthy"
+            await client.patch(
+                ConfigMap, "drahealth-devices-node-2", {"data": {"devices": json.dumps(rows)}},
+                namespace="default", patch_type=PatchType.MERGE,
+            )  # fmt: skip
+
+            async def uncordoned() -> bool:
+                return not await cordoned()
+
+            await eventually(uncordoned, 5.0, "node-1 uncordoned after recovery")
+            await eventually(lambda: _listed(client, "node-2", False), 5.0, "node-2 cleared")
+            assert (await node_dict(client, "node-2"))["spec"]["unschedulable"] is True
+
+
+async def _listed(client: AsyncClient, name: str, want: bool = True) -> bool:
+    n = await node_dict(client, name)
+    return (ANNOTATION_DEVICES in (n["metadata"].get("annotations") or {})) == want
+
+
+async def test_report_only_writes_nothing_to_nodes_or_pods() -> None:
+    async with cluster("1.37") as (client, _):
+        await make_node(client)
+        await set_health(client, gpu_0="Healthy")
+        await make_pod(client, "victim", "gpu-0", {"app": "victim"})
+        before = await node_dict(client)
+        async with running(client, RULES, "eviction: {mode: evict}\n", mode="report-only") as c:
+            await set_health(client, gpu_0=("Unhealthy", "XID 79"))
+            (event,) = await eventually(
+                lambda: events(client, "DeviceWouldBeTainted"), 5.0, "a report"
+            )
+            assert "would be tainted drahealth.io/unhealthy=xid:NoExecute" in event.message
+            passes = c.passes
+            await eventually(lambda: _true(c.passes >= passes + 3), 5.0)
+            assert await node_dict(client) == before
+            assert await pod_names(client) == {"victim"}
+            rules = resource_class("DeviceTaintRule", "v1")
+            assert [r async for r in client.list(rules)] == []
+            assert c.evictor.evicted == 0
+
+
+@pytest.mark.parametrize(
+    ("version", "gates", "api"),
+    [
+        ("1.34", {"DRADeviceTaints": True}, "v1alpha3"),
+        ("1.36", {"DRADeviceTaintRules": True}, "v1beta2"),
+        ("1.37", {}, "v1"),
+    ],
+)
+async def test_rules_are_written_at_the_served_version(
+    version: str, gates: dict[str, bool], api: str
+) -> None:
+    async with cluster(version, **gates) as (client, paths):
+        await set_health(client, gpu_0="Healthy")
+        async with running(client, RULES) as controller:
+            assert controller.choice is not None and controller.choice.mode == "taint-rules"
+            await set_health(client, gpu_0=("Unhealthy", "XID 79"))
+            cls = resource_class("DeviceTaintRule", api)
+
+            async def written() -> list[Any]:
+                return [r async for r in client.list(cls)]
+
+            (rule,) = await eventually(written, 5.0, f"a {api} rule")
+            assert rule.spec.deviceSelector.device == "gpu-0"
+            assert rule.spec.taint.effect == "NoExecute"
+            (event,) = await eventually(lambda: events(client, "DeviceTainted"), 5.0)
+            assert event.involvedObject.apiVersion == f"resource.k8s.io/{api}"
+    assert all(f"/{api}/" in p for p in paths if "devicetaintrules" in p)
+
+
+async def test_an_empty_selector_rule_causes_no_eviction_and_one_warning() -> None:
+    async with cluster("1.37") as (client, _):
+        await set_health(client, gpu_0="Healthy")
+        await make_pod(client, "victim", "gpu-0", {"app": "victim"})
+        cls = resource_class("DeviceTaintRule", "v1")
+        wide = {
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+            "metadata": {"name": "everything"},
+            "spec": {"deviceSelector": {}, "taint": {"key": "k", "effect": "NoExecute"}},
+        }  # fmt: skip
+        await client.create(cls.from_dict(wide))
+        async with running(client, RULES, "eviction: {mode: evict, perSecond: 20}\n") as c:
+            (warning,) = await eventually(
+                lambda: events(client, "OverBroadDeviceTaintRule"), 5.0, "the warning"
+            )
+            assert "everything" in warning.message and "#141422" in warning.message
+            assert warning.type == "Warning"
+            passes = c.passes
+            await set_health(client, gpu_0=("Unhealthy", "ECC"))  # a NoSchedule rule only
+            await eventually(lambda: _true(c.passes >= passes + 3), 5.0)
+            assert len(await events(client, "OverBroadDeviceTaintRule")) == 1
+            assert c.evictor.evicted == 0 and not await events(client, "DeviceTaintEviction")
+            assert await pod_names(client) == {"victim"}
+
+
+async def test_a_vanished_version_is_rediscovered_not_retried(monkeypatch: Any) -> None:
+    """The first discovery says v1beta2 (as before an upgrade); the 1.37 server answers
+    404 there: the controller asks again and continues at v1, with no 404 loop."""
+    real = _controller.discover
+    calls: list[ServedAPIs] = []
+
+    async def stale_then_real(client: AsyncClient) -> ServedAPIs:
+        served = await real(client)
+        if not calls:
+            served = ServedAPIs({**served.versions, "DeviceTaintRule": ("v1beta2",)}, "v1.36.0")
+        calls.append(served)
+        return served
+
+    monkeypatch.setattr(_controller, "discover", stale_then_real)
+    async with cluster("1.37") as (client, paths):
+        await set_health(client, gpu_0="Healthy")
+        async with running(client, RULES) as controller:
+            assert controller.discoveries == 2 and controller._rules_api == "resource.k8s.io/v1"
+            await set_health(client, gpu_0=("Unhealthy", "XID 79"))
+            cls = resource_class("DeviceTaintRule", "v1")
+
+            async def written() -> list[Any]:
+                return [r async for r in client.list(cls)]
+
+            await eventually(written, 5.0, "a v1 rule after rediscovery")
+    stale = [p for p in paths if "/v1beta2/devicetaintrules" in p]
+    assert 1 <= len(stale) <= 2, stale
