@@ -22,6 +22,7 @@ COMMANDS: dict[str, str] = {
     "controller": "drahealth.cli.controller:controller_command",
     "dashboard": "drahealth.cli.dashboard:dashboard_command",
     "demo": "drahealth.cli.demo:demo_command",
+    "doctor": "drahealth.cli.doctor:doctor_command",
     "driver": "drahealth.cli.driver:driver_command",
     "history": "drahealth.cli.views:history_command",
     "inject": "drahealth.cli.inject:inject_command",
@@ -29,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "status": "drahealth.cli.views:status_command",
     "taint": "drahealth.cli.taint:taint_command",
     "untaint": "drahealth.cli.taint:untaint_command",
+    "version": "drahealth.cli.version:version_command",
     "watch": "drahealth.cli.views:watch_command",
 }
 
