@@ -3,8 +3,10 @@
 ``APIServer`` serves the kinds this project uses (core Namespaces, Nodes, Pods with
 ``/status`` and ``/eviction``, Events, ConfigMaps; coordination Leases; apps
 ReplicaSets; policy PodDisruptionBudgets; resource.k8s.io/v1 ResourceSlices, ResourceClaims,
-ResourceClaimTemplates, DeviceClasses, DeviceTaintRules) on 127.0.0.1, well enough for
-kubectl and lightkube. See ``docs/apiserver.md`` for what is simplified.
+ResourceClaimTemplates, DeviceClasses; DeviceTaintRules at the version the release serves;
+authorization SelfSubjectAccessReviews) on 127.0.0.1, well enough for kubectl and
+lightkube, as one Kubernetes release (1.34-1.38, ``profile=``; default the newest) with
+its feature gates serves them. See ``docs/apiserver.md`` for what is simplified.
 
 Modules: ``_store`` (objects, resourceVersion, watch buffer), ``_resources`` (kinds,
 discovery), ``_selectors``, ``_patch`` (merge/JSON/strategic patch), ``_apply``
