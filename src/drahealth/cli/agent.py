@@ -21,36 +21,17 @@ from drahealth import api
 from drahealth._aio import on_stop_signals
 from drahealth.cli._options import IN_CLUSTER, METRICS_HOST
 from drahealth.cli._readiness import API_CHECK_INTERVAL
+from drahealth.core import (
+    KUBE_VERSIONS,
+    NEWEST_KUBE_VERSION,
+    FeatureGateError,
+    KubeProfile,
+    kube_profile,
+    parse_feature_gates,
+)
 from drahealth.kube import KubeConfigError
 
-__all__ = ["agent_command", "parse_feature_gates"]
-
-#: Gates the agent understands, with their defaults (kubelet 1.36: both on).
-FEATURE_GATES = {"ResourceHealthStatus": True, "ResourceHealthStatusMessage": True}
-
-
-def parse_feature_gates(text: str) -> dict[str, bool]:
-    """``A=true,B=false`` -> gates; ValueError naming a bad entry."""
-    gates = dict(FEATURE_GATES)
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, sep, value = part.partition("=")
-        if not sep:
-            raise ValueError(f"feature gate {part!r} is not NAME=true|false")
-        if name not in FEATURE_GATES:
-            raise ValueError(
-                f"unknown feature gate {name!r} (known: {', '.join(sorted(FEATURE_GATES))})"
-            )
-        if value.lower() not in ("true", "false"):
-            raise ValueError(f"feature gate {name} needs true or false, not {value!r}")
-        gates[name] = value.lower() == "true"
-    return gates
-
-
-def _gates(ctx: click.Context, param: click.Parameter, value: str) -> dict[str, bool]:
-    try:
-        return parse_feature_gates(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
+__all__ = ["agent_command"]
 
 
 @click.command("agent")
@@ -112,10 +93,19 @@ def _gates(ctx: click.Context, param: click.Parameter, value: str) -> dict[str, 
 )
 @METRICS_HOST
 @click.option(
+    "--kube-version",
+    default=NEWEST_KUBE_VERSION,
+    show_default=True,
+    metavar="1.NN",
+    help=f"Kubelet mode plays this release's kubelet ({', '.join(KUBE_VERSIONS)}): pod "
+    "health status, its message and the dra-health versions follow its default gates.",
+)
+@click.option(
     "--feature-gates",
     default="",
-    callback=_gates,
-    help="Kubelet gates: ResourceHealthStatus=true|false,ResourceHealthStatusMessage=true|false.",
+    metavar="NAME=true|false,...",
+    help="Gates to turn on or off, as on the kubelet (ResourceHealthStatus, "
+    "ResourceHealthStatusMessage; the release's other gates are accepted).",
 )
 @click.option(
     "--resource-id",
@@ -165,7 +155,8 @@ def agent_command(
     restart_grace: float,
     metrics_port: int | None,
     metrics_host: str,
-    feature_gates: dict[str, bool],
+    kube_version: str,
+    feature_gates: str,
     resource_id: str,
     allowed_roots: tuple[str, ...],
     allowed_uids: tuple[int, ...],
@@ -176,8 +167,9 @@ def agent_command(
     api_check_interval: float,
 ) -> None:
     """Run the node agent: the kubelet's DRA device-health pipeline."""
-    from drahealth.node import AgentConfig
+    from drahealth.node import AgentConfig, kubelet_settings
 
+    profile = _profile(kube_version, feature_gates)
     if mode == "kubelet" and not kubeconfig and not in_cluster:
         raise click.UsageError("kubelet mode needs API access: --kubeconfig or --in-cluster")
     try:
@@ -188,8 +180,7 @@ def agent_command(
             mode=mode,  # type: ignore[arg-type]
             default_timeout=default_timeout,
             restart_grace=restart_grace,
-            health_status=feature_gates["ResourceHealthStatus"],
-            health_message=feature_gates["ResourceHealthStatusMessage"],
+            **kubelet_settings(profile),
             resource_id=resource_id,  # type: ignore[arg-type]
             allowed_roots=[os.path.abspath(r) for r in allowed_roots] or None,
             allowed_uids=list(allowed_uids) or None,
@@ -207,6 +198,19 @@ def agent_command(
         asyncio.run(_run(config, kubeconfig, in_cluster, api_check_interval))
     except (KubeConfigError, ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def _profile(kube_version: str, feature_gates: str) -> KubeProfile:
+    """The release and gates asked for; values the release would refuse are usage errors."""
+    try:
+        gates = parse_feature_gates(feature_gates)
+    except FeatureGateError as e:
+        raise click.BadParameter(str(e), param_hint="--feature-gates") from e
+    try:
+        return kube_profile(kube_version, gates)
+    except FeatureGateError as e:
+        hint = "--kube-version" if str(e).startswith("unsupported Kubernetes") else None
+        raise click.BadParameter(str(e), param_hint=hint or "--feature-gates") from e
 
 
 async def _run(

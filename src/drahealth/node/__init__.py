@@ -15,16 +15,17 @@ from drahealth._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from drahealth.node._agent import NodeAgent
-    from drahealth.node._config import AgentConfig
+    from drahealth.node._config import AgentConfig, kubelet_settings
 
 #: public name -> module that defines it; imported on first use (PEP 562), so a part
 #: that only needs the settings does not load gRPC and the Kubernetes client.
 _EXPORTS: dict[str, str] = {
     "AgentConfig": "drahealth.node._config",
     "NodeAgent": "drahealth.node._agent",
+    "kubelet_settings": "drahealth.node._config",
 }
 
-__all__ = ["AgentConfig", "NodeAgent"]
+__all__ = ["AgentConfig", "NodeAgent", "kubelet_settings"]
 
 
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

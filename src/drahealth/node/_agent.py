@@ -25,6 +25,7 @@ from typing import Protocol
 
 from lightkube import AsyncClient
 
+from drahealth import api
 from drahealth._metrics_http import MetricsServer
 from drahealth.core import StatusBuilder, StatusOptions
 from drahealth.node._claims import ClaimTracker
@@ -39,6 +40,8 @@ from drahealth.node._watcher import PluginWatcher
 __all__ = ["AgentConfig", "NodeAgent"]
 
 log = logging.getLogger(__name__)
+
+_HEALTH_SERVICES = {"v1": api.DRA_HEALTH_V1, "v1alpha1": api.DRA_HEALTH_V1ALPHA1}
 
 
 class Mode(Protocol):
@@ -71,11 +74,16 @@ class NodeAgent:
         )
         self.tracker = ClaimTracker(config.state_dir)
         self.metrics = AgentMetrics(config.node_name)
+        # Health streams open whatever the pod-status gate says: with it off the node's
+        # record and the Events are the health path. The observer calls any version.
+        services: tuple[str, ...] = api.DRA_HEALTH_SERVICES
+        if config.mode == "kubelet":
+            services = tuple(_HEALTH_SERVICES[v] for v in config.health_versions)
         self.registry = PluginRegistry(
             on_report=self.pipeline.report,
-            health_enabled=config.health_status,
             default_timeout=config.default_timeout,
             on_event=self._on_health_event,
+            health_services=services,
         )
         roots = config.allowed_roots
         if roots is None:
@@ -131,6 +139,14 @@ class NodeAgent:
             from drahealth.node._kubelet import KubeletMode
 
             assert self.client is not None
+            c = self.config
+            log.info(
+                "kubelet mode as Kubernetes %s: pod health status %s, messages %s, dra-health %s",
+                c.kube_version,
+                "on" if c.health_status else "off (ResourceHealthStatus)",
+                "on" if c.health_status and c.health_message else "off",
+                ", ".join(c.health_versions),
+            )
             self.mode = KubeletMode(
                 self.client,
                 self.config.node_name,

@@ -1,16 +1,35 @@
 """The node agent's settings: :class:`AgentConfig`, every knob with its default.
 
 Kept apart from the agent so that the parts the agent wires (such as the observer
-mode) can take the settings without importing the agent.
+mode) can take the settings without importing the agent. :func:`kubelet_settings` maps a
+Kubernetes release (with its feature gates) onto the settings that follow the kubelet
+of that release.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-__all__ = ["AgentConfig"]
+from drahealth.core import NEWEST_KUBE_VERSION, KubeProfile
+
+__all__ = ["HEALTH_VERSIONS", "AgentConfig", "kubelet_settings"]
+
+#: The dra-health versions there are, preferred first.
+HEALTH_VERSIONS: tuple[str, ...] = ("v1", "v1alpha1")
+
+
+def kubelet_settings(profile: KubeProfile) -> dict[str, Any]:
+    """The :class:`AgentConfig` fields that follow the kubelet of ``profile``'s release:
+    pod health status (``ResourceHealthStatus``), its ``message``
+    (``ResourceHealthStatusMessage``) and the dra-health services it calls."""
+    return {
+        "kube_version": profile.version,
+        "health_status": profile.kubelet_pod_health,
+        "health_message": profile.kubelet_health_message,
+        "health_versions": tuple(profile.dra_health_services),
+    }
 
 
 @dataclass(frozen=True)
@@ -29,9 +48,17 @@ class AgentConfig:
     #: When a driver's last plugin instance goes away, its devices keep their health
     #: at most this long (s), then read Unknown and are forgotten.
     removal_grace: float = 30.0
-    #: Kubelet gates: ``ResourceHealthStatus`` and ``ResourceHealthStatusMessage``.
+    #: The Kubernetes release whose kubelet the kubelet mode plays (for the record: the
+    #: three settings below carry what follows from it, see :func:`kubelet_settings`).
+    kube_version: str = NEWEST_KUBE_VERSION
+    #: Kubelet gates: ``ResourceHealthStatus`` (off: no ``allocatedResourcesStatus`` in
+    #: pod status; health still reaches the node's record and Events) and
+    #: ``ResourceHealthStatusMessage``. Kubelet mode only.
     health_status: bool = True
     health_message: bool = True
+    #: dra-health versions the kubelet mode calls, preferred first (a kubelet before
+    #: 1.37 calls only v1alpha1). The observer mode calls any the plugin serves.
+    health_versions: Sequence[str] = HEALTH_VERSIONS
     #: ``cdi`` (upstream: first CDI device ID) or ``device`` (``<driver>/<pool>/<device>``).
     resource_id: Literal["cdi", "device"] = "cdi"
     #: Endpoints must lie inside one of these (default: the registry dir's parent).
@@ -61,3 +88,8 @@ class AgentConfig:
             raise ValueError(f"restart grace must be >= 0 seconds, got {self.restart_grace}")
         if self.removal_grace < 0:
             raise ValueError(f"removal grace must be >= 0 seconds, got {self.removal_grace}")
+        versions = self.health_versions
+        if isinstance(versions, str) or not versions or set(versions) - set(HEALTH_VERSIONS):
+            raise ValueError(
+                f"dra-health versions {versions!r}: choose among {', '.join(HEALTH_VERSIONS)}"
+            )

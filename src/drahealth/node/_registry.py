@@ -17,7 +17,9 @@ Rules (reference sections 1.4, 2.3, 2.4 and 3, fixes 6, 7 and 20 of section 9):
   at once, as the kubelet does on ``ConnEnd``). DRA calls go to the newest
   connected instance, else to the newest.
 * One authoritative health stream per driver: the newest registered instance's,
-  opened only if it advertises a dra-health version. Each activation starts a new
+  opened only if it advertises a dra-health version the node speaks (``health_services``:
+  a kubelet before 1.37 speaks only v1alpha1; a driver serving only v1 then gives no
+  health, which is logged once per driver). Each activation starts a new
   generation (per driver, never reused); every report is delivered only while its
   stream's generation is the current one, so an older stream, even with a message
   in flight, can never overwrite the newer instance's health. Removing the active
@@ -352,8 +354,9 @@ class PluginRegistry:
     ``on_event(driver, kind, generation)`` is told ``"activate"`` when a new
     generation becomes authoritative and ``"deactivate"`` when a driver's health
     ends without a successor (a handover to a newer generation is only its
-    ``activate``). ``stream_factory`` and ``backoff_factory`` (one fresh backoff
-    per stream) are for tests and tuning; ``call_timeout`` bounds each DRA call.
+    ``activate``). ``health_services``: the dra-health services this node speaks
+    (default both, v1 preferred). ``stream_factory`` and ``backoff_factory`` (one fresh
+    backoff per stream) are for tests and tuning; ``call_timeout`` bounds each DRA call.
     """
 
     def __init__(
@@ -366,7 +369,16 @@ class PluginRegistry:
         stream_factory: StreamFactory = HealthStream,
         backoff_factory: Callable[[], Backoff] | None = None,
         call_timeout: float = DEFAULT_CALL_TIMEOUT,
+        health_services: Sequence[str] = api.DRA_HEALTH_SERVICES,
     ) -> None:
+        unknown = sorted(set(health_services) - set(api.DRA_HEALTH_SERVICES))
+        if isinstance(health_services, str) or unknown or not health_services:
+            raise ValueError(
+                f"health_services {health_services!r}: choose among "
+                f"{', '.join(api.DRA_HEALTH_SERVICES)}"
+            )
+        self.health_services = tuple(health_services)
+        self._unspoken_logged: set[str] = set()
         default_timeout = positive_seconds("default_timeout", default_timeout)
         call_timeout = positive_seconds("call_timeout", call_timeout)
         self._on_report = on_report
@@ -489,7 +501,9 @@ class PluginRegistry:
             retired.append(active.stream)
         service = None
         if newest is not None and self.health_enabled:
-            service = pick_health_service(newest.info.versions)
+            service = pick_health_service(newest.info.versions, self.health_services)
+            if service is None:
+                self._log_unspoken(newest.info)
         if newest is not None and service is not None:
             generation = self._generations.get(driver, 0) + 1
             self._generations[driver] = generation
@@ -518,6 +532,20 @@ class PluginRegistry:
             )
             self._event(driver, "deactivate", active.generation)
         return retired
+
+    def _log_unspoken(self, info: PluginInfo) -> None:
+        """A plugin advertising only dra-health versions this node does not speak."""
+        offered = [v for v in info.versions if v in api.DRA_HEALTH_SERVICES]
+        if not offered or info.driver in self._unspoken_logged:
+            return
+        self._unspoken_logged.add(info.driver)
+        log.warning(
+            "DRA driver %s serves %s, which this node does not call (it speaks %s, as the "
+            "kubelet of its Kubernetes release): no device health from this driver",
+            info.driver,
+            ", ".join(offered),
+            ", ".join(self.health_services),
+        )
 
     def _deliverer(self, driver: str, generation: int) -> Callable[[list[ReportedDevice]], None]:
         def deliver(devices: list[ReportedDevice]) -> None:

@@ -67,16 +67,19 @@ _MESSAGES: Final[dict[str, tuple[Any, Any]]] = {
 }
 
 
-def pick_health_service(versions: Sequence[str]) -> str | None:
+def pick_health_service(
+    versions: Sequence[str], speaks: Sequence[str] = api.DRA_HEALTH_SERVICES
+) -> str | None:
     """The dra-health service to open for a plugin advertising ``versions``.
 
     ``v1.DRAResourceHealth`` if advertised, else ``v1alpha1.DRAResourceHealth`` if
-    advertised, else ``None`` (no stream). The order of ``versions`` is irrelevant.
+    advertised, else ``None`` (no stream), among the services this node ``speaks`` (a
+    kubelet before 1.37 speaks only v1alpha1). The order of ``versions`` is irrelevant.
     """
-    if isinstance(versions, str):
+    if isinstance(versions, str) or isinstance(speaks, str):
         raise TypeError("versions must be a sequence of registration strings, not one string")
     for service in (api.DRA_HEALTH_V1, api.DRA_HEALTH_V1ALPHA1):
-        if service in versions:
+        if service in versions and service in speaks:
             return service
     return None
 
