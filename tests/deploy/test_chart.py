@@ -152,7 +152,7 @@ def test_remediation_mode_flag_and_node_access(mode: str, nodes: bool) -> None:
     grants = _grants(one(manifests, "ClusterRole", "-controller")["rules"])
     node_grants = {g for g in grants if g[1] == "nodes"}
     if nodes:
-        assert node_grants == {("", "nodes", v) for v in ("get", "list", "watch", "patch")}
+        assert node_grants == {("", "nodes", v) for v in ("get", "list", "update")}
     else:
         assert not node_grants
     validate(manifests)
