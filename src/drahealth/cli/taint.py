@@ -5,8 +5,10 @@ Owns the two commands (the API work is :func:`drahealth.remedy.apply_taint` and
 creates (or updates, or leaves unchanged) the operator's DeviceTaintRule for a device
 and taint key; ``untaint`` deletes the rules drahealth created for that device and key
 (the operator's and the controller's), never a rule someone else created. Exit codes:
-0 done, 1 API error, API unreachable or nothing to untaint (one ``error:`` line on
-stderr naming what failed and what to check), 2 usage error.
+0 done, 1 API error, API unreachable, no DeviceTaintRule API served (the line names what
+the server serves and what to do instead) or nothing to untaint (one ``error:`` line on
+stderr naming what failed and what to check), 2 usage error. Rules are read and written
+at the version the server serves (asked once per command).
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import yaml
 from lightkube import AsyncClient
 
 from drahealth._api_failures import CommandError, api_failures, load_checked
-from drahealth.kube import make_client
+from drahealth.kube import DiscoveryError, ServedAPIs, discover, make_client
 from drahealth.remedy import (
     EFFECTS,
     DeviceRef,
+    RuleAPIUnavailable,
     RuleError,
     apply_taint,
     parse_device,
@@ -47,6 +50,17 @@ def _client(kubeconfig: str) -> AsyncClient:
     with api_failures(kubeconfig):
         load_checked(kubeconfig)
         return make_client(kubeconfig, field_manager="drahealth-taint")
+
+
+async def _discover(client: AsyncClient) -> ServedAPIs:
+    """What the server serves, asked once per command; transport failures as themselves."""
+    try:
+        return await discover(client)
+    except DiscoveryError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, Exception) and not isinstance(cause, DiscoveryError):
+            raise cause from None
+        raise CommandError(str(exc)) from None
 
 
 _KUBECONFIG = click.option(
@@ -80,7 +94,12 @@ def taint_command(
     async def run() -> str:
         client = _client(kubeconfig)
         try:
-            _, outcome = await apply_taint(client, device, key=key, value=value, effect=effect)
+            served = await _discover(client)
+            _, outcome = await apply_taint(
+                client, device, key=key, value=value, effect=effect, served=served
+            )
+        except RuleAPIUnavailable as exc:
+            raise CommandError(str(exc)) from None
         finally:
             await client.close()
         return f"devicetaintrule/{name} {outcome}"
@@ -102,7 +121,10 @@ def untaint_command(kubeconfig: str, device: DeviceRef, key: str, effect: str | 
     async def run() -> list[str]:
         client = _client(kubeconfig)
         try:
-            return await remove_taints(client, device, key=key, effect=effect)
+            served = await _discover(client)
+            return await remove_taints(client, device, key=key, effect=effect, served=served)
+        except RuleAPIUnavailable as exc:
+            raise CommandError(str(exc)) from None
         finally:
             await client.close()
 

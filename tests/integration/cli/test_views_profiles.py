@@ -129,3 +129,44 @@ async def test_status_when_discovery_fails_warns_and_still_shows_devices(
         assert "DeviceTaintRule API: not served" in out.stdout and "XID 79" in out.stdout
     finally:
         await proxy.stop()
+
+
+async def test_taint_without_the_rule_api_is_one_line_naming_what_to_do(tmp_path: Path) -> None:
+    from drahealth.core import kube_profile
+
+    server = APIServer(profile=kube_profile("1.35"))
+    await server.start(host="127.0.0.1", port=0)
+    try:
+        kubeconfig = str(server.write_kubeconfig(tmp_path / "kubeconfig"))
+        args = ("--kubeconfig", kubeconfig, f"{D}/{NODE}/gpu-1", "--key", "example.com/rma")
+        out = await asyncio.to_thread(run, "taint", *args, "--effect", "NoSchedule")
+        untaint = await asyncio.to_thread(run, "untaint", *args)
+        status = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig)
+    finally:
+        await server.stop()
+    for result in (out, untaint):
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        (line,) = result.stderr.splitlines()
+        assert line.startswith("error: v1.35.0") and "serves no DeviceTaintRule API" in line
+        assert "DeviceTaintRule not served" in line and "node-taint" in line
+    assert status.returncode == 0 and NOT_SERVED in status.stderr, status.stderr
+
+
+async def test_taint_writes_at_the_served_beta_version(tmp_path: Path) -> None:
+    from drahealth.core import kube_profile
+
+    server = APIServer(profile=kube_profile("1.36", {"DRADeviceTaintRules": True}))
+    await server.start(host="127.0.0.1", port=0)
+    try:
+        kubeconfig = str(server.write_kubeconfig(tmp_path / "kubeconfig"))
+        args = ("--kubeconfig", kubeconfig, f"{D}/{NODE}/gpu-1", "--key", "example.com/rma")
+        out = await asyncio.to_thread(run, "taint", *args, "--effect", "NoSchedule")
+        status = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig, "-o", "json")
+        untaint = await asyncio.to_thread(run, "untaint", *args)
+    finally:
+        await server.stop()
+    assert out.returncode == 0 and "created" in out.stdout, out.stderr
+    assert "DeviceTaintRule API: resource.k8s.io/v1beta2" in status.stderr
+    (row,) = json.loads(status.stdout)
+    assert [t["key"] for t in row["taints"]] == ["example.com/rma"]
+    assert untaint.returncode == 0 and "deleted" in untaint.stdout, untaint.stderr
