@@ -3,7 +3,7 @@
 On 1.35 (``DRADeviceTaints`` off by default) the server drops slice taints: the sample
 driver withdraws a latched-Unhealthy device from its slice, keeps serving the claim that
 already holds it, and publishes it again once Healthy. On 1.36 the taint is kept and the
-device stays. The flag alone means ``auto`` (the Helm chart passes it that way).
+device stays. The flag alone means ``auto``; this test passes it that way.
 """
 
 from __future__ import annotations
