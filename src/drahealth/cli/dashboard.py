@@ -3,7 +3,8 @@
 Before serving, the kubeconfig and the files it names are checked and the API server is
 asked once, so an unreachable server or a missing certificate authority is one
 ``error:`` line (exit 1) naming what failed, and "cannot serve on" is said only when the
-listen address itself fails. Usage errors exit 2.
+listen address itself fails. Usage errors exit 2. What the server serves is asked once
+here; the page says which DRA kinds it does not serve.
 """
 
 from __future__ import annotations
@@ -86,17 +87,24 @@ async def _run(
     agent_namespace: str,
     allowed_hosts: tuple[str, ...] = (),
 ) -> None:
-    from lightkube.resources.resource_v1 import ResourceSlice
-
-    from drahealth.kube import make_client
+    from drahealth.kube import DiscoveryError, discover, make_client
     from drahealth.web import Dashboard
 
     client = make_client(kubeconfig)
     try:
-        async for _ in client.list(ResourceSlice, chunk_size=1):  # is the API server there?
-            break
+        try:  # is the API server there, and what does it serve?
+            served = await discover(client)
+        except DiscoveryError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, Exception) and not isinstance(cause, DiscoveryError):
+                raise cause from cause.__cause__  # its own cause names why (e.g. refused)
+            raise CommandError(str(exc)) from None
         dashboard = Dashboard(
-            client, token=token, agent_namespace=agent_namespace, allowed_hosts=allowed_hosts
+            client,
+            token=token,
+            agent_namespace=agent_namespace,
+            allowed_hosts=allowed_hosts,
+            served=served,
         )
         try:
             try:

@@ -91,7 +91,7 @@ PERMISSIONS: dict[str, tuple[Permission, ...]] = {
                    when="rules"),
         Permission(_R, "devicetaintrules", ("patch",), subresource="status", when="rules"),
         Permission("", "events", ("create", "patch")),
-        Permission("", "nodes", ("get", "list", "watch", "patch"), when="nodes"),
+        Permission("", "nodes", ("get", "list", "update"), when="nodes"),
         Permission("", "configmaps", ("get", "list", "watch", "create", "patch"),
                    scope="namespace"),
         Permission("coordination.k8s.io", "leases", ("get", "create", "update"),

@@ -59,7 +59,7 @@ async def _discover(client: AsyncClient) -> ServedAPIs:
     except DiscoveryError as exc:
         cause = exc.__cause__
         if isinstance(cause, Exception) and not isinstance(cause, DiscoveryError):
-            raise cause from None
+            raise cause from cause.__cause__  # its own cause names why (e.g. refused)
         raise CommandError(str(exc)) from None
 
 

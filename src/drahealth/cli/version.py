@@ -34,7 +34,7 @@ def _server(kubeconfig: str | None, context: str | None) -> dict[str, Any]:
             except DiscoveryError as exc:
                 cause = exc.__cause__
                 if isinstance(cause, Exception) and not isinstance(cause, DiscoveryError):
-                    raise cause from None
+                    raise cause from cause.__cause__  # its own cause names why (e.g. refused)
                 raise CommandError(str(exc)) from None
         finally:
             client.close()

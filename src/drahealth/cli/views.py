@@ -93,7 +93,7 @@ def _discover(client: Client) -> ServedAPIs:
     except DiscoveryError as exc:
         cause = exc.__cause__
         if isinstance(cause, Exception) and not isinstance(cause, DiscoveryError):
-            raise cause from None
+            raise cause from cause.__cause__  # its own cause names why (e.g. refused)
         _warn(f"{exc}; assuming resource.k8s.io/v1 for every kind")
         return ServedAPIs.all_v1()
 

@@ -5,7 +5,9 @@ build step), ``/api/state`` the current :func:`~._state.snapshot`, ``/api/events
 ``text/event-stream`` that sends the snapshot at once and again after every change
 (coalesced, only when it differs; a comment every 15 s keeps proxies from closing it),
 ``/api/history?device=DRIVER/POOL/DEVICE`` the device's controller actions and Events,
-and ``/healthz``. Reflectors on the kinds the snapshot reads keep it current; device
+and ``/healthz``. Reflectors on the kinds the snapshot reads keep it current, each DRA
+kind at the version the server serves (discovered at start); a kind it does not serve
+gets no reflector, and the state's ``unavailable`` lines (shown on the page) say so; device
 health comes only from the node agents' records in ``agent_namespace`` (see
 :mod:`drahealth.core`). The JSON served is always valid JSON: a state that
 cannot be written without NaN/Infinity is not published (the last good one stays).
@@ -38,14 +40,20 @@ from typing import Any
 from aiohttp import web
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import ConfigMap, Event, Pod
-from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim, ResourceSlice
 
 from drahealth._aio import cancel_and_wait
 from drahealth._http_guard import HTTPGuard, HTTPLimits
+from drahealth._served import not_served_note
 from drahealth._text import json_text
 from drahealth.core import DEFAULT_NAMESPACE, LABELS, agent_records
-from drahealth.kube import Reflector
-from drahealth.remedy import RuleError, apply_taint, parse_device, remove_taints
+from drahealth.kube import DiscoveryError, Reflector, ServedAPIs, discover, to_internal
+from drahealth.remedy import (
+    RuleAPIUnavailable,
+    RuleError,
+    apply_taint,
+    parse_device,
+    remove_taints,
+)
 from drahealth.web._state import snapshot
 
 __all__ = ["Dashboard"]
@@ -62,6 +70,8 @@ MAX_STREAMS = 256
 STREAM_QUEUE = 8
 #: Seconds one write to a stream may block before its client is disconnected.
 STREAM_WRITE_TIMEOUT = 10.0
+#: Reflector name -> the DRA kind it follows (at the version the server serves).
+_DRA_REFLECTORS = {"claims": "ResourceClaim", "slices": "ResourceSlice", "rules": "DeviceTaintRule"}
 
 
 class Dashboard:
@@ -76,6 +86,7 @@ class Dashboard:
         agent_namespace: str = DEFAULT_NAMESPACE,
         limits: HTTPLimits | None = None,
         allowed_hosts: tuple[str, ...] = (),
+        served: ServedAPIs | None = None,
     ) -> None:
         self.http_limits = limits or HTTPLimits(max_connections=256)
         self.allowed_hosts = allowed_hosts
@@ -85,16 +96,17 @@ class Dashboard:
         self.client = client
         self.history_namespace = history_namespace
         self.agent_namespace = agent_namespace
+        #: What the server serves (asked in ``start`` when not given).
+        self.served = served
+        #: One line per DRA kind the server does not serve (shown on the page).
+        self.unavailable: list[str] = []
         self.reflectors: dict[str, Reflector[Any]] = {
             "health": Reflector(
                 client, ConfigMap, namespace=agent_namespace, labels=LABELS, name="web-health"
             ),
             "pods": Reflector(client, Pod, name="web-pods"),
-            "claims": Reflector(client, ResourceClaim, name="web-claims"),
-            "slices": Reflector(client, ResourceSlice, name="web-slices"),
-            "rules": Reflector(client, DeviceTaintRule, name="web-rules"),
         }  # fmt: skip
-        self.state: dict[str, Any] = {"nodes": []}
+        self.state: dict[str, Any] = {"nodes": [], "unavailable": []}
         self._text = json.dumps(self.state)
         self._subscribers: dict[asyncio.Queue[str], web.Request] = {}
         self.stream_queue = STREAM_QUEUE
@@ -107,7 +119,26 @@ class Dashboard:
         self._runner: web.AppRunner | None = None
         self.url = ""
 
+    async def _discover(self) -> ServedAPIs:
+        try:
+            return await discover(self.client)
+        except DiscoveryError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, Exception) and not isinstance(cause, DiscoveryError):
+                raise cause from cause.__cause__  # unreachable: the caller says why
+            log.warning("dashboard: %s; assuming resource.k8s.io/v1 for every kind", exc)
+            return ServedAPIs.all_v1()
+
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        if self.served is None:
+            self.served = await self._discover()
+        for key, kind in _DRA_REFLECTORS.items():
+            resource = self.served.resource(kind)
+            if resource is None:  # not served: no reflector, the page says so
+                self.unavailable.append(not_served_note(kind, self.served))
+                log.warning("dashboard: %s", self.unavailable[-1])
+                continue
+            self.reflectors[key] = Reflector(self.client, resource, name=f"web-{key}")
         for r in self.reflectors.values():
             r.add_handler(lambda *_a: self._dirty.set())
             await r.start()
@@ -158,14 +189,19 @@ class Dashboard:
 
     def _refresh(self) -> None:
         r = self.reflectors
+
+        def dicts(key: str) -> list[dict[str, Any]]:
+            return [to_internal(o) for o in r[key].store.dicts()] if key in r else []
+
         state = snapshot(
             agent_records(r["health"].store.dicts(), self.agent_namespace),
             r["pods"].store.dicts(),
-            r["claims"].store.dicts(),
-            r["slices"].store.dicts(),
-            r["rules"].store.dicts(),
+            dicts("claims"),
+            dicts("slices"),
+            dicts("rules"),
             warn=self._warn,
         )
+        state["unavailable"] = list(self.unavailable)
         try:
             text = json_text(state, separators=(",", ":"))
         except ValueError as exc:  # NaN/Infinity would stop every viewer's page
@@ -254,8 +290,11 @@ class Dashboard:
         try:
             device = parse_device(b["device"])
             name, outcome = await apply_taint(
-                self.client, device, key=b["key"], value=b["value"], effect=b["effect"]
-            )
+                self.client, device, key=b["key"], value=b["value"], effect=b["effect"],
+                served=self.served,
+            )  # fmt: skip
+        except RuleAPIUnavailable as exc:
+            return web.json_response({"error": str(exc)}, status=409)
         except RuleError as exc:
             return web.json_response({"error": str(exc)}, status=400)
         except ApiError as exc:
@@ -269,7 +308,9 @@ class Dashboard:
         b = await self._body(request, ("device", "key"))
         try:
             device = parse_device(b["device"])
-            deleted = await remove_taints(self.client, device, key=b["key"])
+            deleted = await remove_taints(self.client, device, key=b["key"], served=self.served)
+        except RuleAPIUnavailable as exc:
+            return web.json_response({"error": str(exc)}, status=409)
         except RuleError as exc:
             return web.json_response({"error": str(exc)}, status=400)
         except ApiError as exc:

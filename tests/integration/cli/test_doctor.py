@@ -107,13 +107,13 @@ async def test_an_over_broad_rule_is_a_blocker_named_in_the_line(tmp_path: Path)
 
 
 class _Denying(Narrowing):
-    """Answers access reviews itself: everything allowed but patching nodes."""
+    """Answers access reviews itself: everything allowed but updating nodes."""
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         if request.path.endswith("/selfsubjectaccessreviews"):
             body = await request.json()
             attrs = body["spec"]["resourceAttributes"]
-            allowed = not (attrs["resource"] == "nodes" and attrs["verb"] == "patch")
+            allowed = not (attrs["resource"] == "nodes" and attrs["verb"] == "update")
             return web.json_response({**body, "status": {"allowed": allowed}}, status=201)
         return await super()._handle(request)
 
@@ -131,7 +131,7 @@ async def test_missing_permissions_are_named_with_the_fix(tmp_path: Path) -> Non
     checks = _by_check(doc)
     assert code == 1 and doc["mode"] == "node-taint"
     assert checks["rbac:controller"]["status"] == "FAIL"
-    assert checks["rbac:controller"]["message"] == "controller may not: patch nodes"
+    assert checks["rbac:controller"]["message"] == "controller may not: update nodes"
     assert "ServiceAccount" in checks["rbac:controller"]["fix"]
     assert checks["rbac:agent"]["status"] == "ok" and checks["rbac:driver"]["status"] == "ok"
 

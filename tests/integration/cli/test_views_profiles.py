@@ -170,3 +170,65 @@ async def test_taint_writes_at_the_served_beta_version(tmp_path: Path) -> None:
     (row,) = json.loads(status.stdout)
     assert [t["key"] for t in row["taints"]] == ["example.com/rma"]
     assert untaint.returncode == 0 and "deleted" in untaint.stdout, untaint.stderr
+
+
+async def test_dashboard_without_the_rule_api_says_so_and_serves_the_rest(
+    narrow: Narrowing, tmp_path: Path
+) -> None:
+    import aiohttp as http_client
+
+    from drahealth.kube import make_client
+    from drahealth.web import Dashboard
+
+    client = make_client(server_url=narrow.url, timeout=5.0)
+    dashboard = Dashboard(client)
+    try:
+        url = await dashboard.start()
+        assert "rules" not in dashboard.reflectors  # no reflector on a kind not served
+        async with http_client.ClientSession() as http:
+            async with http.get(url + "api/state") as resp:
+                state = await resp.json()
+            async with http.post(
+                url + "api/taint", json={"device": f"{D}/{NODE}/gpu-1", "key": "a", "value": "",
+                                          "effect": "NoSchedule"},
+            ) as resp:  # fmt: skip
+                assert resp.status == 403  # read-only without a token, as before
+            async with http.get(url) as resp:
+                assert 'id="unavailable"' in await resp.text()
+    finally:
+        await dashboard.stop()
+        await client.close()
+    (line,) = state["unavailable"]
+    assert line.startswith(NOT_SERVED) and "remediation uses node taints" in line
+    devices = {d["device"]: d for d in state["nodes"][0]["devices"]}
+    assert devices["gpu-1"]["health"] == "Unhealthy" and devices["gpu-3"]["taints"] == []
+
+
+async def test_dashboard_taint_on_a_server_without_the_rule_api_is_409(tmp_path: Path) -> None:
+    import aiohttp as http_client
+
+    from drahealth.core import kube_profile
+    from drahealth.kube import make_client
+    from drahealth.web import Dashboard
+
+    server = APIServer(profile=kube_profile("1.34"))
+    await server.start(host="127.0.0.1", port=0)
+    client = make_client(server_url=server.url, timeout=5.0)
+    token = "t" * 20
+    dashboard = Dashboard(client, token=token)
+    try:
+        url = await dashboard.start()
+        headers = {"Authorization": f"Bearer {token}"}
+        async with http_client.ClientSession(headers=headers) as http:
+            body = {"device": f"{D}/{NODE}/gpu-1", "key": "a", "value": "", "effect": "NoSchedule"}
+            async with http.post(url + "api/taint", json=body) as resp:
+                assert resp.status == 409
+                error = (await resp.json())["error"]
+            async with http.get(url + "api/state") as resp:
+                state = await resp.json()
+    finally:
+        await dashboard.stop()
+        await client.close()
+        await server.stop()
+    assert "serves no DeviceTaintRule API" in error
+    assert "Kubernetes 1.34 without DRADeviceTaints" in state["unavailable"][0]
