@@ -110,6 +110,6 @@ def controller_mode(configmap: Mapping[str, Any] | None) -> ControllerMode | Non
     return ControllerMode(
         mode=mode,
         why=_field(record, "why", "reason"),
-        rule_api=_field(record, "ruleAPI", "ruleApiVersion", "rulesApiVersion", "rules"),
+        rule_api=_field(record, "deviceTaintRuleAPI"),
         server_version=_field(record, "serverVersion", "server"),
     )
