@@ -19,34 +19,69 @@ def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_demo_runs_the_whole_loop_and_exits_zero() -> None:
-    proc = _run("demo", timeout=90)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    out = " ".join(proc.stdout.split())  # rich wraps lines at the terminal width
+def _demo_steps(version: str) -> list[str]:
+    """The story's lines on ``version`` with default gates."""
+    rules = version in ("1.37", "1.38")  # DeviceTaintRule v1; none served before by default
+    pod_health = version not in ("1.34", "1.35")  # ResourceHealthStatus beta from 1.36
+    seen = "the pod status" if pod_health else "the agent's device-health record"
     steps = [
-        r"1\. cluster up: 2 nodes .* 16 GPUs",
+        rf"1\. cluster up: 2 nodes .* 16 GPUs .*Kubernetes {re.escape(version)}",
         r"2\. workload running: ReplicaSet trainer x2, .*(trainer-\w+) on (node-\d/gpu-\d) Healthy",
-        r'3\. fault reaches the pod status: trainer-\w+ on node-\d/gpu-\d Unhealthy "XID 79',
-        r"4\. controller taints the device: DeviceTaintRule dh-\S+ "
-        r"drahealth\.io/unhealthy=fatal-xid:NoExecute",
-        r"5\. pod evicted: trainer-\w+ \(DisruptionTarget: DeletionByDeviceTaintManager\)",
-        r"6\. replacement running on a healthy device: trainer-\w+ on node-\d/gpu-\d Healthy",
-        r"7\. device verified healthy, taint removed",
+        r"3\. remediation mode: "
+        + ("taint-rules" if rules else r"node-taint \(auto: the server serves no DeviceTaintRule"),
+        rf'4\. fault reaches {seen}: trainer-\w+ on node-\d/gpu-\d Unhealthy "XID 79',
+    ]
+    if rules:
+        steps += [
+            r"5\. controller taints the device: DeviceTaintRule dh-\S+ \(resource\.k8s\.io/v1\): "
+            r"drahealth\.io/unhealthy=fatal-xid:NoExecute",
+            r"6\. pod evicted: trainer-\w+ \(DisruptionTarget: DeletionByDeviceTaintManager\)",
+        ]
+    else:
+        steps += [
+            r"5\. controller taints the node \(no DeviceTaintRule API\): node node-\d: "
+            r"drahealth\.io/unhealthy=gpu-\d:NoSchedule, and evicts only the pods using",
+            r"6\. pod evicted: trainer-\w+ \(Eviction API by the controller",
+        ]
+    return [
+        *steps,
+        r"7\. replacement running on a healthy device: trainer-\w+ on node-\d/gpu-\d Healthy",
+        r"8\. device verified healthy, taint removed: .* -> "
+        + ("DeviceTaintRule deleted" if rules else r"node taint removed from node-\d"),
         r"demo complete",
     ]
-    for step in steps:
+
+
+@pytest.mark.parametrize("version", ["1.34", "1.35", "1.36", "1.37", "1.38"])
+def test_demo_runs_the_whole_loop_and_exits_zero(version: str) -> None:
+    """The scripted story completes on every release with its default gates; the
+    timeline says which health path and which remediation path were used."""
+    proc = _run("demo", "--kube-version", version, timeout=90)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())  # rich wraps lines at the terminal width
+    for step in _demo_steps(version):
         assert re.search(step, out), (step, out)
-    # every step prints its latency; the fault reaches the pod status within a second
-    latency = re.search(r"3\. fault reaches the pod status: .*? \((\d+) ms\)", out)
+    # every step prints its latency; the fault reaches the health path within a second
+    latency = re.search(r"4\. fault reaches .*? \((\d+) ms\)", out)
     assert latency and int(latency.group(1)) < 1000, out
-    evicted = re.search(r"5\. pod evicted: (trainer-\w+)", out)
+    evicted = re.search(r"6\. pod evicted: (trainer-\w+)", out)
     replaced = re.search(
-        r"6\. replacement running on a healthy device: (trainer-\w+) on (\S+)", out
+        r"7\. replacement running on a healthy device: (trainer-\w+) on (\S+)", out
     )
-    faulty = re.search(r"3\. fault reaches the pod status: trainer-\w+ on (\S+)", out)
+    faulty = re.search(r"4\. fault reaches .*?: trainer-\w+ on (\S+)", out)
     assert evicted and replaced and faulty
     assert replaced.group(1) != evicted.group(1) and replaced.group(2) != faulty.group(1)
+    if "node taint" in out:  # the fallback taints the whole node: the replacement moves
+        assert replaced.group(2).split("/")[0] != faulty.group(1).split("/")[0]
     assert re.search(r"kubeconfig: \S+kubeconfig", out)
+
+
+def test_demo_with_a_gate_turned_on_uses_that_rule_version() -> None:
+    proc = _run("demo", "--kube-version", "1.36", "--feature-gates", "DRADeviceTaintRules=true",
+                timeout=90)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert re.search(r"DeviceTaintRule dh-\S+ \(resource\.k8s\.io/v1beta2\)", out), out
 
 
 def test_apiserver_command_serves_kubectl(tmp_path: Path) -> None:
@@ -82,6 +117,12 @@ def test_apiserver_command_serves_kubectl(tmp_path: Path) -> None:
         (["apiserver", "--port", "notaport"], "--port"),
         (["apiserver", "--port", "70000"], "--port"),
         (["demo", "--port", "-1"], "--port"),
+        (["demo", "--kube-version", "1.33"], "unsupported Kubernetes version '1.33'"),
+        (
+            ["demo", "--kube-version", "1.38", "--feature-gates", "DRADeviceTaints=false"],
+            "feature is locked to true",
+        ),
+        (["demo", "--feature-gates", "Nope=true"], "unrecognized feature gate: Nope"),
         (["nosuchcommand"], "No such command"),
     ],
 )

@@ -26,7 +26,7 @@ from lightkube.resources.resource_v1 import ResourceSlice
 
 from drahealth._aio import cancel_and_wait
 from drahealth.controlplane import APIServer
-from drahealth.core import Policy
+from drahealth.core import NEWEST_KUBE_VERSION, KubeProfile, Policy, kube_profile
 from drahealth.kube import make_client
 
 __all__ = ["DRIVER", "LocalCluster", "NodeProcesses"]
@@ -65,8 +65,11 @@ class LocalCluster:
         devices: int = 8,
         lease: int = 5,
         port: int = 0,
+        profile: KubeProfile | None = None,
     ) -> None:
         self.workdir = workdir
+        #: the Kubernetes release (and gates) the API server, stand-ins and agents model
+        self.profile = profile or kube_profile(NEWEST_KUBE_VERSION)
         self.policy = policy
         self.port = port
         self.lease = lease
@@ -74,7 +77,8 @@ class LocalCluster:
         self.nodes = [
             NodeProcesses(f"node-{i + 1}", workdir / f"node-{i + 1}") for i in range(nodes)
         ]
-        self.server = APIServer()
+        self.server = APIServer(profile=self.profile)
+        self.controller: Any = None
         self.kubeconfig = workdir / "kubeconfig"
         self.client: AsyncClient | None = None
         self._logs: list[IO[bytes]] = []
@@ -90,10 +94,18 @@ class LocalCluster:
         self.client = make_client(server_url=self.server.url)
         for node in self.nodes:
             await self.client.create(Node(metadata=ObjectMeta(name=node.name)))
-        self._standins = StandIns(self.client)
+        self._standins = StandIns(self.client, self.profile)
         await self._standins.start()
-        controller = RemediationController(self.client, self.policy, identity="demo-controller")
-        self._tasks.append(asyncio.create_task(controller.run(), name="remediation"))
+        self.controller = RemediationController(
+            self.client, self.policy, identity="demo-controller"
+        )
+        self._tasks.append(asyncio.create_task(self.controller.run(), name="remediation"))
+        # the kubelet's gates, as the release (and the demo's --feature-gates) set them
+        gates = ",".join(
+            f"{k}={str(v).lower()}"
+            for k, v in sorted(self.profile.gates.items())
+            if k.startswith("ResourceHealthStatus")
+        )
         for node in self.nodes:
             node.base.mkdir(parents=True, exist_ok=True)
             node.driver = await self._spawn(node, "driver", [
@@ -103,11 +115,14 @@ class LocalCluster:
                 "--plugins-dir", str(node.base / "plugins"),
                 "--cdi-dir", str(node.base / "cdi"), "--state-dir", node.driver_state,
                 "--kubeconfig", str(self.kubeconfig), "--health-timeout", str(self.lease),
+                # where the release drops slice taints, unhealthy GPUs leave the slice
+                "--withdraw-unhealthy", "auto",
             ])  # fmt: skip
             node.agent = await self._spawn(node, "agent", [
                 "agent", "--mode", "kubelet", "--node-name", node.name,
                 "--registry-dir", str(node.base / "reg"), "--state-dir", str(node.base / "agent"),
                 "--kubeconfig", str(self.kubeconfig), "--restart-grace", "3",
+                "--kube-version", self.profile.version, "--feature-gates", gates,
             ])  # fmt: skip
         deadline = time.monotonic() + timeout
         for node in self.nodes:

@@ -18,18 +18,30 @@ import shutil
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 from lightkube import AsyncClient, codecs
-from lightkube.resources.core_v1 import Pod
-from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim
+from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
+from lightkube.resources.resource_v1 import ResourceClaim
 from rich.console import Console
 
 from drahealth._aio import on_stop_signals
 from drahealth.cli._cluster import DRIVER, LocalCluster
+from drahealth.core import (
+    DEFAULT_NAMESPACE,
+    DEFAULT_TAINT_KEY,
+    LABELS,
+    NEWEST_KUBE_VERSION,
+    FeatureGateError,
+    KubeProfile,
+    decode_devices,
+    is_agent_record,
+    kube_profile,
+    parse_feature_gates,
+)
 from drahealth.remedy import parse_policy
 
 console = Console(highlight=False)
@@ -49,6 +61,7 @@ rules:
 """
 
 FAULT = "XID 79: GPU has fallen off the bus"
+TAINT_KEY = DEFAULT_TAINT_KEY
 
 
 def _workload() -> list[dict[str, Any]]:
@@ -110,8 +123,31 @@ class Placement:
         return text + (f' "{self.message}"' if self.message else "")
 
 
-async def placements(client: AsyncClient) -> list[Placement]:
-    """The live workload pods with their device and its health from the pod status."""
+async def _agent_health(client: AsyncClient) -> dict[tuple[str, str], tuple[str, str]]:
+    """(node, pool/device) -> (health, message) from the agents' device-health records.
+
+    The records list only devices that are not Healthy (and count the Healthy ones), so a
+    device absent from its node's record is Healthy.
+    """
+    out: dict[tuple[str, str], tuple[str, str]] = {}
+    async for cm in client.list(ConfigMap, namespace=DEFAULT_NAMESPACE, labels=dict(LABELS)):
+        record = cm.to_dict()
+        if not is_agent_record(record, DEFAULT_NAMESPACE):
+            continue
+        for key, obs in decode_devices(record).items():
+            if key.driver == DRIVER:
+                out[(obs.node, f"{key.pool}/{key.device}")] = (obs.health.value, obs.message)
+    return out
+
+
+async def placements(client: AsyncClient, pod_health: bool = True) -> list[Placement]:
+    """The live workload pods with their device and its health.
+
+    ``pod_health``: the kubelet writes device health into the pod status (from 1.36 by
+    default); without it the health comes from the node agent's device-health record,
+    the path a 1.34/1.35 cluster has.
+    """
+    records = {} if pod_health else await _agent_health(client)
     out = []
     async for pod in client.list(Pod, namespace="default"):
         if pod.metadata is None or pod.metadata.deletionTimestamp or pod.spec is None:
@@ -130,6 +166,9 @@ async def placements(client: AsyncClient) -> list[Placement]:
             for entry in cs.allocatedResourcesStatus or []:
                 for res in entry.resources or []:
                     health, message = res.health or "", res.message or ""
+        if not pod_health and device:
+            node = str(pod.spec.nodeName or "")
+            health, message = records.get((node, device), ("Healthy", ""))
         out.append(
             Placement(
                 str(pod.metadata.name),
@@ -178,12 +217,13 @@ async def until(
 async def deploy(cluster: LocalCluster, timeline: Timeline) -> list[Placement]:
     client = cluster.client
     assert client is not None
+    pod_health = cluster.profile.kubelet_pod_health
     t0 = time.monotonic()
     for obj in _workload():
         await client.create(codecs.from_dict(obj))
 
     async def running() -> list[Placement] | None:
-        now = await placements(client)
+        now = await placements(client, pod_health)
         ok = [p for p in now if p.phase == "Running" and p.health == "Healthy"]
         return ok if len(ok) == 2 else None
 
@@ -196,31 +236,126 @@ async def deploy(cluster: LocalCluster, timeline: Timeline) -> list[Placement]:
     return pods
 
 
+async def _remediation_mode(cluster: LocalCluster) -> tuple[str, str]:
+    """(mode, why) the controller chose, once it has chosen."""
+
+    async def chosen() -> tuple[str, str] | None:
+        choice = getattr(cluster.controller, "choice", None)
+        return None if choice is None else (str(choice.mode), str(choice.why))
+
+    mode, _ = await until(chosen, 15, "the controller's remediation mode")
+    return mode
+
+
+async def _node_taint(client: AsyncClient, node: str) -> str | None:
+    """The controller's NoSchedule taint on ``node`` (``key=value:effect``), if any."""
+    obj = await client.get(Node, node)
+    for taint in (obj.spec.taints if obj.spec else None) or []:
+        if taint.key == TAINT_KEY:
+            return f"{taint.key}={taint.value or ''}:{taint.effect}"
+    return None
+
+
+async def _eviction_path(client: AsyncClient, pod: str) -> str:
+    """Who evicted ``pod``, from its Events (waiting up to 5 s for one): the device-taint
+    eviction controller (``DeviceTaintManagerEviction``) or drahealth's controller
+    (``DeviceTaintEviction``, through the Eviction API)."""
+
+    async def reason() -> str | None:
+        async for event in client.list(Event, namespace="default"):
+            if event.involvedObject.name == pod and event.reason in (
+                "DeviceTaintEviction",
+                "DeviceTaintManagerEviction",
+            ):
+                return str(event.reason)
+        return None
+
+    try:
+        found, _ = await until(reason, 5, "the eviction's Event")
+    except TimeoutError:
+        return "no eviction Event recorded"
+    if found == "DeviceTaintEviction":
+        return "Eviction API by the controller, PodDisruptionBudgets honoured"
+    return "DisruptionTarget: DeletionByDeviceTaintManager"
+
+
+async def _first_unhealthy(
+    client: AsyncClient, victim: Placement, pod_health: bool, started: asyncio.Event
+) -> Placement:
+    """The victim as soon as its device shows Unhealthy: in its pod status, or (no pod
+    status health on this release) in its node agent's device-health record."""
+    if pod_health:
+        async for _, pod in client.watch(
+            Pod, namespace="default", fields={"metadata.name": victim.pod}
+        ):
+            started.set()
+            for cs in (pod.status.containerStatuses if pod.status else None) or []:
+                for entry in cs.allocatedResourcesStatus or []:
+                    for res in entry.resources or []:
+                        if res.health == "Unhealthy":
+                            return replace(victim, health=res.health, message=res.message or "")
+    else:
+        async for _, cm in client.watch(
+            ConfigMap, namespace=DEFAULT_NAMESPACE, labels=dict(LABELS)
+        ):
+            started.set()
+            record = cm.to_dict()
+            if not is_agent_record(record, DEFAULT_NAMESPACE):
+                continue
+            for key, obs in decode_devices(record).items():
+                if (key.driver, obs.node, f"{key.pool}/{key.device}") == (
+                    DRIVER,
+                    victim.node,
+                    victim.device,
+                ) and obs.health.value == "Unhealthy":
+                    return replace(victim, health=obs.health.value, message=obs.message)
+    raise TimeoutError("the watch ended before the device showed Unhealthy")
+
+
 async def story(cluster: LocalCluster, timeline: Timeline) -> None:
     client = cluster.client
     assert client is not None
+    profile = cluster.profile
+    pod_health = profile.kubelet_pod_health
     first = await deploy(cluster, timeline)
     victim, known = first[0], {p.pod for p in first}
     pool, device = victim.device.split("/")
     node = cluster.node(victim.node)
+    mode, why = await _remediation_mode(cluster)
+    timeline.print(
+        "remediation mode",
+        f"{mode} ({why}); Kubernetes {profile.version}, device health "
+        + ("in the pod status" if pod_health else "from the node agent (no pod status health)"),
+        0.0,
+    )
+    # watched, not polled: the controller acts on the same observation and may evict the
+    # pod within milliseconds, so a poll could miss the moment the health was visible
+    started = asyncio.Event()
+    watcher = asyncio.create_task(_first_unhealthy(client, victim, pod_health, started))
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(5):
+            await started.wait()
     fault_at = time.monotonic()
     await cluster.inject(node, device, "unhealthy", "--message", FAULT)
+    try:
+        async with asyncio.timeout(10):
+            seen = await watcher
+    except TimeoutError:
+        raise TimeoutError("Unhealthy device health did not show within 10 s") from None
+    finally:
+        watcher.cancel()
+    timeline.print(
+        "fault reaches the pod status"
+        if pod_health
+        else "fault reaches the agent's device-health record",
+        str(seen),
+        time.monotonic() - fault_at,
+    )
 
-    async def unhealthy() -> Placement | None:
-        return next(
-            (
-                p
-                for p in await placements(client)
-                if p.pod == victim.pod and p.health == "Unhealthy"
-            ),
-            None,
-        )
-
-    seen, _ = await until(unhealthy, 10, "Unhealthy in the pod status")
-    timeline.print("fault reaches the pod status", str(seen), time.monotonic() - fault_at)
-
-    async def tainted() -> Any:
-        rules = [r async for r in client.list(DeviceTaintRule)]
+    async def rule() -> Any:
+        rules = [
+            r async for r in client.list(cluster.controller.served.resource("DeviceTaintRule"))
+        ]
         return next(
             (
                 r
@@ -230,26 +365,38 @@ async def story(cluster: LocalCluster, timeline: Timeline) -> None:
             None,
         )
 
-    rule, _ = await until(tainted, 10, "the DeviceTaintRule")
-    taint = rule.spec.taint
-    timeline.print(
-        "controller taints the device",
-        f"DeviceTaintRule {rule.metadata.name}: {taint.key}={taint.value}:{taint.effect}",
-        time.monotonic() - fault_at,
-    )
+    async def node_tainted() -> str | None:
+        return await _node_taint(client, victim.node)
+
+    if mode == "taint-rules":
+        found, _ = await until(rule, 10, "the DeviceTaintRule")
+        taint = found.spec.taint
+        timeline.print(
+            "controller taints the device",
+            f"DeviceTaintRule {found.metadata.name} ({found.apiVersion}): "
+            f"{taint.key}={taint.value}:{taint.effect}",
+            time.monotonic() - fault_at,
+        )
+    else:
+        text, _ = await until(node_tainted, 10, "the node taint")
+        timeline.print(
+            "controller taints the node (no DeviceTaintRule API)",
+            f"node {victim.node}: {text}, and evicts only the pods using {pool}/{device}",
+            time.monotonic() - fault_at,
+        )
 
     async def evicted() -> bool:
-        return all(p.pod != victim.pod for p in await placements(client))
+        return all(p.pod != victim.pod for p in await placements(client, pod_health))
 
     await until(evicted, 10, "the eviction")
     timeline.print(
         "pod evicted",
-        f"{victim.pod} (DisruptionTarget: DeletionByDeviceTaintManager)",
+        f"{victim.pod} ({await _eviction_path(client, victim.pod)})",
         time.monotonic() - fault_at,
     )
 
     async def replaced() -> Placement | None:
-        now = await placements(client)
+        now = await placements(client, pod_health)
         fresh = [
             p for p in now if p.pod not in known and p.phase == "Running" and p.health == "Healthy"
         ]
@@ -261,13 +408,23 @@ async def story(cluster: LocalCluster, timeline: Timeline) -> None:
     repair_at = time.monotonic()
     await cluster.inject(node, device, "healthy", "--message", "repaired")
 
-    async def untainted() -> bool:
-        return await tainted() is None
+    if mode == "taint-rules":
 
-    await until(untainted, 15, "the untaint")
+        async def untainted() -> bool:
+            return await rule() is None
+
+        await until(untainted, 15, "the untaint")
+        done = "DeviceTaintRule deleted"
+    else:
+
+        async def node_clean() -> bool:
+            return await node_tainted() is None
+
+        await until(node_clean, 15, "the node untaint")
+        done = f"node taint removed from {victim.node}"
     timeline.print(
         "device verified healthy, taint removed",
-        f"{DRIVER}/{pool}/{device} Healthy for 3 s -> DeviceTaintRule deleted",
+        f"{DRIVER}/{pool}/{device} Healthy for 3 s -> {done}",
         time.monotonic() - repair_at,
     )
 
@@ -279,12 +436,14 @@ async def run_demo(
     nodes: int,
     keep: bool,
     dashboard_port: int = 0,
+    profile: KubeProfile | None = None,
 ) -> int:
     from drahealth.web import Dashboard
 
     workdir = Path(tempfile.mkdtemp(prefix="drahealth-demo-"))
     policy = parse_policy(POLICY, "demo policy")
-    cluster = LocalCluster(workdir, policy, nodes=nodes, port=port)
+    profile = profile or kube_profile(NEWEST_KUBE_VERSION)
+    cluster = LocalCluster(workdir, policy, nodes=nodes, port=port, profile=profile)
     timeline = Timeline()
     dashboard: Dashboard | None = None
     # once the demo runs, a stop signal also covers the clean-up below
@@ -298,7 +457,8 @@ async def run_demo(
         timeline.print(
             "cluster up",
             f"{nodes} nodes (sample GPU driver + node agent each), {devices} GPUs in "
-            f"ResourceSlices, scheduler/eviction/ReplicaSet stand-ins, remediation controller",
+            f"ResourceSlices, scheduler/eviction/ReplicaSet stand-ins, remediation controller; "
+            f"{profile.describe()}",
             time.monotonic() - t0,
         )
         kubeconfig = cluster.kubeconfig
@@ -365,6 +525,17 @@ async def run_demo(
 )
 @click.option("--keep", is_flag=True, help="Keep the work directory (logs, state) at the end.")
 @click.option(
+    "--kube-version",
+    default=NEWEST_KUBE_VERSION,
+    show_default=True,
+    help="The Kubernetes release the cluster behaves as (1.34 to 1.38), default gates.",
+)
+@click.option(
+    "--feature-gates",
+    default="",
+    help="Gates turned on or off as a cluster admin could, e.g. DRADeviceTaintRules=true.",
+)
+@click.option(
     "--dashboard-port",
     type=click.IntRange(0, 65535),
     default=0,
@@ -373,9 +544,15 @@ async def run_demo(
 )
 def demo_command(
     port: int, kubeconfig_out: Path | None, script: bool, nodes: int, keep: bool,
-    dashboard_port: int,
+    dashboard_port: int, kube_version: str, feature_gates: str,
 ) -> None:  # fmt: skip
     """Run the whole device-health loop on one machine and narrate it."""
+    try:
+        profile = kube_profile(kube_version, parse_feature_gates(feature_gates))
+    except FeatureGateError as exc:
+        raise click.BadParameter(str(exc), param_hint="--kube-version/--feature-gates") from None
     raise SystemExit(
-        asyncio.run(run_demo(port, kubeconfig_out, script, nodes, keep, dashboard_port))
+        asyncio.run(
+            run_demo(port, kubeconfig_out, script, nodes, keep, dashboard_port, profile=profile)
+        )
     )
