@@ -31,6 +31,7 @@ import secrets
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
+from lightkube.models.core_v1 import ObjectReference
 from lightkube.resources.apps_v1 import ReplicaSet
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
@@ -52,7 +53,7 @@ from drahealth.core import (
     selects,
     tolerated,
 )
-from drahealth.kube import Reflector, as_dict
+from drahealth.kube import Reflector, as_dict, make_event
 
 __all__ = ["ReplicaSetStandIn", "StandIns", "TaintEvictionStandIn"]
 
@@ -226,6 +227,22 @@ class TaintEvictionStandIn:
                 Pod.Status, meta["name"], {"status": {"conditions": [*conditions, condition]}},
                 namespace=meta["namespace"], patch_type=PatchType.MERGE,
             )  # fmt: skip
+        # the Event upstream's controller records on the pod before deleting it
+        event = make_event(
+            name=f"{meta['name']}.{secrets.token_hex(8)}",
+            namespace=meta["namespace"],
+            involved=ObjectReference(
+                apiVersion="v1", kind="Pod", name=meta["name"], namespace=meta["namespace"],
+                uid=meta.get("uid"),
+            ),
+            event_type="Normal",
+            reason="DeviceTaintManagerEviction",
+            message="Marking for deletion",
+            component="device-taint-eviction-controller",
+            instance="drahealth-embedded",
+        )  # fmt: skip
+        with contextlib.suppress(ApiError):
+            await self.client.create(event)
         try:
             await self.client.delete(Pod, meta["name"], namespace=meta["namespace"])
         except ApiError as exc:

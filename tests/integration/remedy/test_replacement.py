@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.apps_v1 import ReplicaSet
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import Event, Pod
 from lightkube.resources.resource_v1 import (
     DeviceClass,
     DeviceTaintRule,
@@ -181,3 +181,10 @@ async def test_noexecute_replaces_the_pod_on_a_healthy_device(client: AsyncClien
         assert condition.status == "False" and condition.reason == "Completed"
         with pytest.raises(ApiError, match="not found"):  # the evicted pod is gone
             await client.get(Pod, pod, namespace="default")
+        # the Event upstream's device-taint eviction controller records on the pod
+        events = [
+            e async for e in client.list(Event, namespace="default") if e.involvedObject.name == pod
+        ]
+        assert [(e.reason, e.message) for e in events] == [
+            ("DeviceTaintManagerEviction", "Marking for deletion")
+        ]
