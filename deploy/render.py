@@ -729,7 +729,13 @@ def render_chart(
 
 def _check_schema(path: Path, values: Mapping[str, Any]) -> None:
     """Validate the merged values against ``values.schema.json``, as helm does."""
-    import jsonschema
+    try:
+        import jsonschema  # type: ignore[import-untyped]  # a dev dependency, no stubs
+    except ImportError:
+        raise TemplateError(
+            f"{path.name}: checking the values needs the jsonschema package "
+            "(pip install jsonschema)"
+        ) from None
 
     try:
         schema = json.loads(path.read_text())
