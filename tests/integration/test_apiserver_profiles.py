@@ -29,6 +29,10 @@ from drahealth.core import KUBE_VERSIONS, KubeProfile, kube_profile
 from drahealth.kube import discover, make_client, resource_class
 from tests._support import eventually
 
+#: 1.35 with the rule API (its gate depends on the taint gate)
+RULES_1_35 = {"DRADeviceTaints": True, "DRADeviceTaintRules": True}
+
+
 BIN = Path(sys.executable).with_name("drahealth")
 GROUP = "resource.k8s.io"
 AGGREGATED = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"
@@ -47,7 +51,7 @@ PROFILES: list[tuple[str, dict[str, bool], tuple[str, ...]]] = [
     ("1.34", {}, ()),
     ("1.34", {"DRADeviceTaints": True}, ("v1alpha3",)),
     ("1.35", {}, ()),
-    ("1.35", {"DRADeviceTaintRules": True}, ("v1alpha3",)),
+    ("1.35", RULES_1_35, ("v1alpha3",)),
     ("1.36", {}, ()),
     ("1.36", {"DRADeviceTaintRules": True}, ("v1beta2",)),
     ("1.37", {}, ("v1",)),
@@ -178,7 +182,7 @@ async def test_1_35_serves_rules_only_at_v1alpha3_with_the_gate() -> None:
     async with _serve(kube_profile("1.35")) as (_, http):
         path = f"/apis/{GROUP}/v1/devicetaintrules"
         assert await http.call("POST", path, _rule("r", "v1")) == (404, NOT_FOUND)
-    async with _serve(kube_profile("1.35", {"DRADeviceTaintRules": True})) as (_, http):
+    async with _serve(kube_profile("1.35", RULES_1_35)) as (_, http):
         assert (await http.call("POST", path, _rule("r", "v1")))[0] == 404
         alpha = f"/apis/{GROUP}/v1alpha3/devicetaintrules"
         code, created = await http.call("POST", alpha, _rule("r", "v1alpha3", "None"))
@@ -233,7 +237,7 @@ async def test_1_34_refuses_effect_none_and_accepts_the_alpha_selector() -> None
         assert code == 422 and body["details"]["causes"][0]["field"] == (
             "spec.devices[0].taints[0].effect"
         )
-    async with _serve(kube_profile("1.35", {"DRADeviceTaintRules": True})) as (_, http):
+    async with _serve(kube_profile("1.35", RULES_1_35)) as (_, http):
         sel = {"deviceClassName": "gpu"}
         code, body = await http.call("POST", alpha, _rule("c", "v1alpha3", **sel))
         assert code == 422
@@ -430,7 +434,12 @@ def _start(*args: str) -> subprocess.Popen[str]:
     [
         (("--kube-version", "1.37"), "v1", "Kubernetes 1.37: DeviceTaintRule resource.k8s.io/v1"),
         (
-            ("--kube-version", "1.35", "--feature-gates", "DRADeviceTaintRules=true"),
+            (
+                "--kube-version",
+                "1.35",
+                "--feature-gates",
+                "DRADeviceTaints=true,DRADeviceTaintRules=true",
+            ),
             "v1alpha3",
             "Kubernetes 1.35: DeviceTaintRule resource.k8s.io/v1alpha3",
         ),

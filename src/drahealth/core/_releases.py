@@ -96,6 +96,13 @@ FEATURE_GATES: dict[str, tuple[GateStage, ...]] = {
 }
 
 
+#: Gates that need others on (upstream's gate dependency table, 1.35 on): a component
+#: refuses to start with a dependent gate on and its dependency off.
+GATE_DEPENDENCIES: dict[str, tuple[str, ...]] = {
+    "DRADeviceTaintRules": ("DRADeviceTaints",),
+}
+
+
 class FeatureGateError(ValueError):
     """A ``--kube-version`` or ``--feature-gates`` value the release would refuse."""
 
@@ -263,6 +270,12 @@ def kube_profile(version: str, overrides: Mapping[str, bool] | None = None) -> K
                 f"feature is locked to {str(stage.default).lower()}"
             )
         gates[name] = value
+    for name, needs in GATE_DEPENDENCIES.items():
+        off = [n for n in needs if not gates.get(n, False)]
+        if gates.get(name, False) and off:
+            raise FeatureGateError(
+                f"{name} is enabled, but depends on features that are disabled: [{', '.join(off)}]"
+            )
     return KubeProfile(version, gates)
 
 
@@ -351,7 +364,8 @@ def unserved_reason(kind: str, server_version: str) -> str:
     if minor == 35:
         return (
             f"Kubernetes {release} without DRADeviceTaintRules; enable it with "
-            f"--feature-gates=DRADeviceTaintRules=true --runtime-config={GROUP}/v1alpha3=true"
+            f"--feature-gates=DRADeviceTaints=true,DRADeviceTaintRules=true "
+            f"--runtime-config={GROUP}/v1alpha3=true"
         )
     if minor == 36:
         return (
@@ -359,6 +373,7 @@ def unserved_reason(kind: str, server_version: str) -> str:
             f"--feature-gates=DRADeviceTaintRules=true --runtime-config={GROUP}/v1beta2=true"
         )
     return (
-        f"Kubernetes {release} with {GROUP}/v1 devicetaintrules turned off; "
-        f"remove {GROUP}/v1/devicetaintrules=false from --runtime-config"
+        f"Kubernetes {release} with DeviceTaintRule turned off; remove "
+        f"DRADeviceTaintRules=false from --feature-gates and "
+        f"{GROUP}/v1/devicetaintrules=false from --runtime-config"
     )

@@ -23,6 +23,10 @@ from drahealth.core import kube_profile
 from tests.integration.cli._profiles import Narrowing
 from tests.integration.cli.test_views import run
 
+#: 1.35 with the rule API (its gate depends on the taint gate)
+RULES_1_35 = {"DRADeviceTaints": True, "DRADeviceTaintRules": True}
+
+
 RULES = {"1.34": None, "1.35": None, "1.36": None, "1.37": "v1", "1.38": "v1"}
 
 
@@ -68,7 +72,7 @@ async def test_diagnosis_on_each_release(version: str, tmp_path: Path) -> None:
 
 
 async def test_an_over_broad_rule_is_a_blocker_named_in_the_line(tmp_path: Path) -> None:
-    profile = kube_profile("1.35", {"DRADeviceTaintRules": True})  # v1alpha3 rules
+    profile = kube_profile("1.35", RULES_1_35)  # v1alpha3 rules
     server = await _serve(profile)
     try:
         base = f"{server.url}/apis/resource.k8s.io/v1alpha3/devicetaintrules"

@@ -15,6 +15,10 @@ from drahealth.controlplane._strategy import drop_disabled_fields, prepare_creat
 from drahealth.controlplane._validate import object_causes
 from drahealth.core import kube_profile
 
+#: 1.35 with the rule API (its gate depends on the taint gate)
+RULES_1_35 = {"DRADeviceTaints": True, "DRADeviceTaintRules": True}
+
+
 SLICES = lookup("resource.k8s.io", "v1", "resourceslices")
 PODS = lookup("", "v1", "pods")
 TAINT = {"key": "example.com/bad", "effect": "NoExecute"}
@@ -79,7 +83,7 @@ def test_create_stores_at_the_storage_version() -> None:
     ("version", "gates", "allowed"),
     [
         ("1.34", {"DRADeviceTaints": True}, ("NoExecute", "NoSchedule")),
-        ("1.35", {"DRADeviceTaintRules": True}, ("NoExecute", "NoSchedule", "None")),
+        ("1.35", RULES_1_35, ("NoExecute", "NoSchedule", "None")),
         ("1.38", {}, ("NoExecute", "NoSchedule", "None")),
     ],
 )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from drahealth.core import (
@@ -30,12 +32,25 @@ def test_default_rule_api_per_release(version: str) -> None:
     ("version", "gate", "served"),
     [
         ("1.34", "DRADeviceTaints", ("v1alpha3",)),
-        ("1.35", "DRADeviceTaintRules", ("v1alpha3",)),
+        ("1.35", "DRADeviceTaintRules", ("v1alpha3",)),  # with DRADeviceTaints (depends on it)
         ("1.36", "DRADeviceTaintRules", ("v1beta2",)),
     ],
 )
 def test_gate_turns_the_rule_api_on(version: str, gate: str, served: tuple[str, ...]) -> None:
-    assert kube_profile(version, {gate: True}).served_versions("DeviceTaintRule") == served
+    gates = {"DRADeviceTaints": True, gate: True}
+    assert kube_profile(version, gates).served_versions("DeviceTaintRule") == served
+
+
+def test_the_rule_gate_depends_on_the_taint_gate() -> None:
+    with pytest.raises(FeatureGateError, match=re.escape(
+        "DRADeviceTaintRules is enabled, but depends on features that are disabled: "
+        "[DRADeviceTaints]"
+    )):  # fmt: skip
+        kube_profile("1.35", {"DRADeviceTaintRules": True})
+    with pytest.raises(FeatureGateError, match="depends on features"):
+        kube_profile("1.37", {"DRADeviceTaints": False})
+    # turning both off is what a 1.37 cluster without device taints looks like
+    assert kube_profile("1.37", {"DRADeviceTaints": False, "DRADeviceTaintRules": False})
 
 
 def test_gate_stages() -> None:

@@ -19,13 +19,17 @@ def test_rules_name_the_gate_and_runtime_config(version: str, gate: str, runtime
     text = unserved_reason("DeviceTaintRule", version)
     release = version.removeprefix("v")[:4]
     assert text.startswith(f"Kubernetes {release} without {gate}"), text
-    assert f"--feature-gates={gate}=true" in text and f"--runtime-config={runtime}" in text
+    assert "--feature-gates=" in text and f"{gate}=true" in text
+    assert f"--runtime-config={runtime}" in text
+    if gate == "DRADeviceTaintRules" and "1.35" in version:  # it depends on DRADeviceTaints
+        assert "--feature-gates=DRADeviceTaints=true,DRADeviceTaintRules=true" in text
 
 
 def test_ga_releases_say_the_resource_was_turned_off() -> None:
     for version in ("v1.37.0", "1.38"):
         text = unserved_reason("DeviceTaintRule", version)
-        assert "devicetaintrules turned off" in text and "--runtime-config" in text
+        assert "DeviceTaintRule turned off" in text and "--runtime-config" in text
+        assert "DRADeviceTaintRules=false" in text
 
 
 def test_core_kinds_and_unknown_releases() -> None:

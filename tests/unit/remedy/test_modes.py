@@ -21,6 +21,9 @@ from drahealth.remedy._nodes import (
     read_node,
 )
 
+#: 1.35 with the rule API (its gate depends on the taint gate)
+RULES_1_35 = {"DRADeviceTaints": True, "DRADeviceTaintRules": True}
+
 
 def _served(version: str, gates: dict[str, bool] | None = None) -> tuple[str | None, str]:
     profile = kube_profile(version, gates)
@@ -34,7 +37,7 @@ def _served(version: str, gates: dict[str, bool] | None = None) -> tuple[str | N
         ("1.34", None, "node-taint", None),
         ("1.34", {"DRADeviceTaints": True}, "taint-rules", "resource.k8s.io/v1alpha3"),
         ("1.35", None, "node-taint", None),
-        ("1.35", {"DRADeviceTaintRules": True}, "taint-rules", "resource.k8s.io/v1alpha3"),
+        ("1.35", RULES_1_35, "taint-rules", "resource.k8s.io/v1alpha3"),
         ("1.36", None, "node-taint", None),
         ("1.36", {"DRADeviceTaintRules": True}, "taint-rules", "resource.k8s.io/v1beta2"),
         ("1.37", None, "taint-rules", "resource.k8s.io/v1"),
