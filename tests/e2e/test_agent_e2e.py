@@ -349,7 +349,7 @@ async def test_agent_usage_errors(base: str) -> None:
     rc, out = await run(
         "--state-dir", f"{base}/a", "--kubeconfig", f"{base}/k", "--feature-gates", "Bogus=true"
     )
-    assert rc == 2 and "unknown feature gate 'Bogus'" in out
+    assert rc == 2 and "unrecognized feature gate: Bogus" in out
     rc, out = await run(
         "--state-dir", f"{base}/a", "--kubeconfig", f"{base}/missing", "--node-name", NODE
     )
