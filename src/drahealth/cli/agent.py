@@ -19,16 +19,14 @@ import click
 
 from drahealth import api
 from drahealth._aio import on_stop_signals
-from drahealth.cli._options import IN_CLUSTER, METRICS_HOST
-from drahealth.cli._readiness import API_CHECK_INTERVAL
-from drahealth.core import (
-    KUBE_VERSIONS,
-    NEWEST_KUBE_VERSION,
-    FeatureGateError,
-    KubeProfile,
-    kube_profile,
-    parse_feature_gates,
+from drahealth.cli._options import (
+    IN_CLUSTER,
+    METRICS_HOST,
+    feature_gates_option,
+    kube_profile_from,
+    kube_version_option,
 )
+from drahealth.cli._readiness import API_CHECK_INTERVAL
 from drahealth.kube import KubeConfigError
 
 __all__ = ["agent_command"]
@@ -92,20 +90,13 @@ __all__ = ["agent_command"]
     "--metrics-port", type=click.IntRange(0, 65535), default=None, help="Serve /metrics here."
 )
 @METRICS_HOST
-@click.option(
-    "--kube-version",
-    default=NEWEST_KUBE_VERSION,
-    show_default=True,
-    metavar="1.NN",
-    help=f"Kubelet mode plays this release's kubelet ({', '.join(KUBE_VERSIONS)}): pod "
-    "health status, its message and the dra-health versions follow its default gates.",
+@kube_version_option(
+    "Kubelet mode plays this release's kubelet: pod health status, its message and the "
+    "dra-health versions follow its default gates"
 )
-@click.option(
-    "--feature-gates",
-    default="",
-    metavar="NAME=true|false,...",
-    help="Gates to turn on or off, as on the kubelet (ResourceHealthStatus, "
-    "ResourceHealthStatusMessage; the release's other gates are accepted).",
+@feature_gates_option(
+    "Gates to turn on or off, as on the kubelet (ResourceHealthStatus, "
+    "ResourceHealthStatusMessage; the release's other gates are accepted)."
 )
 @click.option(
     "--resource-id",
@@ -169,7 +160,7 @@ def agent_command(
     """Run the node agent: the kubelet's DRA device-health pipeline."""
     from drahealth.node import AgentConfig, kubelet_settings
 
-    profile = _profile(kube_version, feature_gates)
+    profile = kube_profile_from(kube_version, feature_gates)
     if mode == "kubelet" and not kubeconfig and not in_cluster:
         raise click.UsageError("kubelet mode needs API access: --kubeconfig or --in-cluster")
     try:
@@ -198,19 +189,6 @@ def agent_command(
         asyncio.run(_run(config, kubeconfig, in_cluster, api_check_interval))
     except (KubeConfigError, ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
-
-
-def _profile(kube_version: str, feature_gates: str) -> KubeProfile:
-    """The release and gates asked for; values the release would refuse are usage errors."""
-    try:
-        gates = parse_feature_gates(feature_gates)
-    except FeatureGateError as e:
-        raise click.BadParameter(str(e), param_hint="--feature-gates") from e
-    try:
-        return kube_profile(kube_version, gates)
-    except FeatureGateError as e:
-        hint = "--kube-version" if str(e).startswith("unsupported Kubernetes") else None
-        raise click.BadParameter(str(e), param_hint=hint or "--feature-gates") from e
 
 
 async def _run(

@@ -19,14 +19,8 @@ from pathlib import Path
 import click
 
 from drahealth._http_guard import check_allowed_hosts
+from drahealth.cli._options import feature_gates_option, kube_profile_from, kube_version_option
 from drahealth.controlplane import DataFileError, serve_forever
-from drahealth.core import (
-    KUBE_VERSIONS,
-    NEWEST_KUBE_VERSION,
-    FeatureGateError,
-    kube_profile,
-    parse_feature_gates,
-)
 
 __all__ = ["apiserver_command"]
 
@@ -66,20 +60,12 @@ __all__ = ["apiserver_command"]
     help="Persist all objects to FILE and FILE.wal (loaded at start; every write is "
     "durable before it is answered).",
 )
-@click.option(
-    "--kube-version",
-    default=NEWEST_KUBE_VERSION,
-    show_default=True,
-    metavar="1.NN",
-    help=f"Kubernetes release to serve ({', '.join(KUBE_VERSIONS)}): its API versions, "
-    "kinds and fields with its default feature gates.",
+@kube_version_option(
+    "Kubernetes release to serve: its API versions, kinds and fields with its default feature gates"
 )
-@click.option(
-    "--feature-gates",
-    default="",
-    metavar="NAME=true|false,...",
-    help="Feature gates to turn on or off, as a cluster admin could (DRADeviceTaints, "
-    "DRADeviceTaintRules, ResourceHealthStatus, ResourceHealthStatusMessage).",
+@feature_gates_option(
+    "Feature gates to turn on or off, as a cluster admin could (DRADeviceTaints, "
+    "DRADeviceTaintRules, ResourceHealthStatus, ResourceHealthStatusMessage)."
 )
 def apiserver_command(
     port: int,
@@ -95,15 +81,7 @@ def apiserver_command(
         allowed_hosts = check_allowed_hosts(allowed_hosts)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--allowed-host") from e
-    try:
-        gates = parse_feature_gates(feature_gates)
-    except FeatureGateError as e:
-        raise click.BadParameter(str(e), param_hint="--feature-gates") from e
-    try:
-        profile = kube_profile(kube_version, gates)
-    except FeatureGateError as e:
-        hint = "--kube-version" if str(e).startswith("unsupported Kubernetes") else None
-        raise click.BadParameter(str(e), param_hint=hint or "--feature-gates") from e
+    profile = kube_profile_from(kube_version, feature_gates)
     print(f"serving {profile.describe()}", file=sys.stderr, flush=True)
     try:
         asyncio.run(

@@ -30,17 +30,16 @@ from rich.console import Console
 
 from drahealth._aio import on_stop_signals
 from drahealth.cli._cluster import DRIVER, LocalCluster
+from drahealth.cli._options import feature_gates_option, kube_profile_from, kube_version_option
 from drahealth.core import (
     DEFAULT_NAMESPACE,
     DEFAULT_TAINT_KEY,
     LABELS,
     NEWEST_KUBE_VERSION,
-    FeatureGateError,
     KubeProfile,
     decode_devices,
     is_agent_record,
     kube_profile,
-    parse_feature_gates,
 )
 from drahealth.remedy import parse_policy
 
@@ -524,16 +523,9 @@ async def run_demo(
     "--nodes", type=click.IntRange(1, 8), default=2, show_default=True, help="Simulated nodes."
 )
 @click.option("--keep", is_flag=True, help="Keep the work directory (logs, state) at the end.")
-@click.option(
-    "--kube-version",
-    default=NEWEST_KUBE_VERSION,
-    show_default=True,
-    help="The Kubernetes release the cluster behaves as (1.34 to 1.38), default gates.",
-)
-@click.option(
-    "--feature-gates",
-    default="",
-    help="Gates turned on or off as a cluster admin could, e.g. DRADeviceTaintRules=true.",
+@kube_version_option("The Kubernetes release the cluster behaves as, with its default gates")
+@feature_gates_option(
+    "Gates turned on or off as a cluster admin could, e.g. DRADeviceTaintRules=true on 1.36."
 )
 @click.option(
     "--dashboard-port",
@@ -547,10 +539,7 @@ def demo_command(
     dashboard_port: int, kube_version: str, feature_gates: str,
 ) -> None:  # fmt: skip
     """Run the whole device-health loop on one machine and narrate it."""
-    try:
-        profile = kube_profile(kube_version, parse_feature_gates(feature_gates))
-    except FeatureGateError as exc:
-        raise click.BadParameter(str(exc), param_hint="--kube-version/--feature-gates") from None
+    profile = kube_profile_from(kube_version, feature_gates)
     raise SystemExit(
         asyncio.run(
             run_demo(port, kubeconfig_out, script, nodes, keep, dashboard_port, profile=profile)
