@@ -67,10 +67,14 @@ def device_rows(
     rules: list[JSON],
     now: float,
     warn: Warn | None = None,
+    node_objects: list[JSON] | None = None,
 ) -> list[JSON]:
-    """Devices that are not Healthy or are tainted, sorted by node and device."""
+    """Devices that are not Healthy or are tainted, sorted by node and device.
+
+    ``node_objects``: where the controller ran a node-level mode, the node taint or cordon it
+    wrote for a device is listed with the device's taints."""
     seen = observations(configmaps, pods, claims)
-    taints = device_taints(rules, slices)
+    taints = device_taints(rules, slices, node_objects or ())
     users = consumers(pods, claims)
     nodes = {
         DeviceKey(

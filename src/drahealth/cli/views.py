@@ -31,7 +31,7 @@ import click
 import httpx2
 import yaml
 from lightkube import ApiError, Client
-from lightkube.resources.core_v1 import ConfigMap, Event, Pod
+from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -80,6 +80,16 @@ def _list(client: Client, kind: Any, namespace: str | None, **kw: Any) -> list[d
 
 #: ``resource.k8s.io`` kinds that are not namespaced.
 _CLUSTER_SCOPED = frozenset({"DeviceClass", "DeviceTaintRule", "ResourceSlice"})
+
+
+def _list_nodes(client: Client) -> list[dict[str, Any]]:
+    """Nodes, for the node taints and cordons of the controller's node-level modes; a
+    reader without access to Nodes still gets the rest of the view."""
+    try:
+        return [o.to_dict() for o in client.list(Node)]
+    except ApiError as exc:
+        _warn(f"nodes not readable ({exc.status.message}): node-level taints not shown")
+        return []
 
 
 def _discover(client: Client) -> ServedAPIs:
@@ -246,6 +256,7 @@ def status_command(
             _list_dra(client, served, "DeviceTaintRule", None, unserved),
             time.time(),
             _warn,
+            _list_nodes(client),
         )
     finally:
         client.close()

@@ -11,7 +11,8 @@ the objects given (the remediation controller keeps one model up to date instead
 * :func:`consumers`: the live pods whose allocated claims hold a device;
 * :func:`device_taints`: the taints on each device, from DeviceTaintRules (rules that
   select many devices included, as the allocator reads them) and from ResourceSlices,
-  with where each comes from.
+  with where each comes from, plus the node taint or cordon the controller wrote for a
+  device in its node-level modes.
 
 How a pod status entry is resolved to a device is the model's rule (see
 :mod:`drahealth.core._cluster`).
@@ -19,8 +20,9 @@ How a pod status entry is resolved to a device is the model's rule (see
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from drahealth.core import (
     ClusterModel,
@@ -31,6 +33,7 @@ from drahealth.core import (
     decode_devices,
     pod_claim_names,
 )
+from drahealth.remedy._nodes import node_taints, read_node
 
 __all__ = [
     "Consumer",
@@ -45,6 +48,8 @@ __all__ = [
 ]
 
 JSON = dict[str, Any]
+#: The taint Kubernetes puts on a cordoned node (what a cordon means to the scheduler).
+CORDON_TAINT: Final = "node.kubernetes.io/unschedulable"
 
 
 def _model(**objects: Iterable[JSON]) -> ClusterModel:
@@ -97,6 +102,28 @@ def consumers(pods: Iterable[JSON], claims: Iterable[JSON]) -> dict[DeviceKey, l
     return _model(ResourceClaim=claims, Pod=pods).all_consumers()
 
 
-def device_taints(rules: Iterable[JSON], slices: Iterable[JSON]) -> dict[DeviceKey, list[JSON]]:
+def device_taints(
+    rules: Iterable[JSON], slices: Iterable[JSON], nodes: Iterable[JSON] = ()
+) -> dict[DeviceKey, list[JSON]]:
+    """Taints per device: from DeviceTaintRules and slices, and, where the controller ran
+    a node-level mode (no DeviceTaintRule API), the node taint or cordon it wrote for the
+    device (source ``node/<name>``; the controller's node annotation says which devices)."""
     model = _model(DeviceTaintRule=rules, ResourceSlice=slices)
-    return {key: [t.as_dict() for t in taints] for key, taints in model.all_taints().items()}
+    out = {key: [t.as_dict() for t in taints] for key, taints in model.all_taints().items()}
+    for node in nodes:
+        name = str((node.get("metadata") or {}).get("name") or "")
+        written = node_taints(d for d in read_node(node) if d.mode == "node-taint")
+        for d in read_node(node):
+            since = (
+                datetime.datetime.fromtimestamp(d.since, datetime.UTC).isoformat()
+                if d.since
+                else ""
+            )
+            if d.mode == "node-taint":
+                taint = {"key": d.key, "value": written.get(d.key, ""), "effect": "NoSchedule"}
+            else:
+                taint = {"key": CORDON_TAINT, "value": "", "effect": "NoSchedule"}
+            out.setdefault(d.device, []).append(
+                {"source": f"node/{name} ({d.mode})", **taint, "since": since}
+            )
+    return out

@@ -39,7 +39,7 @@ from typing import Any
 
 from aiohttp import web
 from lightkube import ApiError, AsyncClient
-from lightkube.resources.core_v1 import ConfigMap, Event, Pod
+from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
 
 from drahealth._aio import cancel_and_wait
 from drahealth._http_guard import HTTPGuard, HTTPLimits
@@ -105,6 +105,8 @@ class Dashboard:
                 client, ConfigMap, namespace=agent_namespace, labels=LABELS, name="web-health"
             ),
             "pods": Reflector(client, Pod, name="web-pods"),
+            # the node taints and cordons of the controller's node-level modes
+            "nodes": Reflector(client, Node, name="web-nodes"),
         }  # fmt: skip
         self.state: dict[str, Any] = {"nodes": [], "unavailable": []}
         self._text = json.dumps(self.state)
@@ -142,8 +144,9 @@ class Dashboard:
         for r in self.reflectors.values():
             r.add_handler(lambda *_a: self._dirty.set())
             await r.start()
-        for r in self.reflectors.values():
-            await r.wait_synced()
+        for key, r in self.reflectors.items():
+            if key != "nodes":  # optional: a dashboard without access to Nodes still runs
+                await r.wait_synced()
         self._refresh()
         self._tasks.append(asyncio.create_task(self._loop(), name="dashboard-refresh"))
         guard = HTTPGuard(host, limits=self.http_limits, allowed_hosts=self.allowed_hosts)
@@ -200,6 +203,7 @@ class Dashboard:
             dicts("slices"),
             dicts("rules"),
             warn=self._warn,
+            node_objects=r["nodes"].store.dicts(),
         )
         state["unavailable"] = list(self.unavailable)
         try:

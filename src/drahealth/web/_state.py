@@ -2,7 +2,8 @@
 
 Owns :func:`snapshot`: every device of every ResourceSlice, grouped by node, with its
 health and message (the agents' device-health records, then pod status), its taints
-(DeviceTaintRules and slice taints) and the pods using it. Pure; the server calls it on
+(DeviceTaintRules, slice taints, and the node taints or cordons of the controller's
+node-level modes) and the pods using it. Pure; the server calls it on
 every change and pushes the result when it differs. The caller passes only the agents'
 own records (the convention in :mod:`drahealth.core`). A record's ``since`` that is not a
 finite number is shown as unknown (None) and reported through ``warn``, so the state is
@@ -31,6 +32,7 @@ def snapshot(
     slices: list[JSON],
     rules: list[JSON],
     warn: Callable[[str], None] | None = None,
+    node_objects: list[JSON] | None = None,
 ) -> JSON:
     seen = observations(configmaps, pods, claims)
     for key, obs in list(seen.items()):
@@ -38,7 +40,7 @@ def snapshot(
             if warn is not None:
                 warn(f"device {key}: ignoring its health record's since={obs.since!r} (not finite)")
             seen[key] = replace(obs, since=None)
-    taints = device_taints(rules, slices)
+    taints = device_taints(rules, slices, node_objects or ())
     users = consumers(pods, claims)
     nodes: dict[str, list[JSON]] = {}
     known: set[DeviceKey] = set()
