@@ -5,8 +5,8 @@ subresources, verbs, the lightkube model used for decode-validation, supported f
 selectors, strategic-merge keys), :class:`Registry` (what one Kubernetes release
 profile serves: ``resource.k8s.io`` DeviceTaintRule only at the versions the profile
 serves, with ``status`` only from 1.35 and the 1.34 alpha selector's extra fields) and
-the plain, aggregated (apidiscovery v2) and OpenAPI discovery bodies built from a
-registry. Knows nothing of HTTP or storage.
+the plain and aggregated (apidiscovery v2) discovery bodies built from a registry (its
+OpenAPI documents are ``_openapi``'s). Knows nothing of HTTP or storage.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ from lightkube.models import (
 )
 
 from drahealth.core import NEWEST_KUBE_VERSION, KubeProfile, kube_profile
+
+from ._openapi import Documents
 
 JSON = dict[str, Any]
 Path = tuple[str, ...]
@@ -343,13 +345,6 @@ def _aggregated_resource(rt: ResourceType) -> JSON:
     return out
 
 
-def _gv_path(group: str, version: str) -> str:
-    return f"api/{version}" if not group else f"apis/{group}/{version}"
-
-
-_QUERY_PARAMS = ("dryRun", "fieldManager", "fieldValidation", "force", "pretty")
-
-
 # --------------------------------------------------------------------------- per release
 
 # The 1.34 alpha DeviceTaintRule (resource.k8s.io/v1alpha3): its selector also has
@@ -419,6 +414,8 @@ class Registry:
             if (r.group, r.version) not in seen:
                 seen.append((r.group, r.version))
         self._group_versions = seen
+        #: The OpenAPI documents, built on first use.
+        self.openapi = Documents(self)
 
     def lookup(self, group: str, version: str, plural: str) -> ResourceType | None:
         return self._by_plural.get((group, version, plural))
@@ -499,56 +496,15 @@ class Registry:
             "items": items,
         }
 
-    # ----------------------------------------------------------------------- OpenAPI v3
+    # ----------------------------------------------------------------------- OpenAPI
 
     def openapi_root(self) -> JSON:
-        """``/openapi/v3``: one entry per group/version (kubectl uses it to detect
-        server-side field validation)."""
-        return {
-            "paths": {
-                _gv_path(g, v): {
-                    "serverRelativeURL": f"/openapi/v3/{_gv_path(g, v)}?hash=drahealth"
-                }
-                for g, v in self._group_versions
-            }
-        }
+        """``/openapi/v3``: one entry per group/version (see ``_openapi``)."""
+        return self.openapi.v3_root()
 
     def openapi_group_version(self, group: str, version: str) -> JSON | None:
-        """A minimal OpenAPI v3 document: the PATCH operations with their query parameters."""
-        kinds = self._kinds(group, version)
-        if not kinds:
-            return None
-        paths: JSON = {}
-        for rt in kinds:
-            if "patch" not in rt.verbs:
-                continue
-            base = "/" + _gv_path(group, version)
-            if rt.namespaced:
-                base += "/namespaces/{namespace}"
-            item = f"{base}/{rt.plural}/{{name}}"
-            gvk = {"group": rt.group, "version": rt.version, "kind": rt.kind}
-            params = [
-                {"name": p, "in": "query", "schema": {"type": "string"}} for p in _QUERY_PARAMS
-            ]
-            for path in [item] + [f"{item}/{s}" for s in rt.subresources if s != "eviction"]:
-                paths[path] = {
-                    "patch": {
-                        "operationId": f"patch{rt.kind}",
-                        "x-kubernetes-group-version-kind": gvk,
-                        "x-kubernetes-action": "patch",
-                        "parameters": params,
-                        "responses": {"200": {"description": "OK"}},
-                    }
-                }
-        return {
-            "openapi": "3.0.0",
-            "info": {
-                "title": "Kubernetes (drahealth embedded)",
-                "version": f"v{self.kube_version}.0",
-            },
-            "paths": paths,
-            "components": {"schemas": {}},
-        }
+        """The OpenAPI v3 document of one group/version (None: not served)."""
+        return self.openapi.v3(group, version)
 
 
 _VERSION = re.compile(r"v(\d+)(?:(alpha|beta)(\d+))?")

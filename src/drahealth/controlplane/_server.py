@@ -34,6 +34,7 @@ from drahealth.core import NEWEST_KUBE_VERSION, KubeProfile, kube_profile
 
 from . import _decode, _protobuf, _resources, _status
 from ._engine import APPLY, NAMESPACES, PATCH_TYPES, Engine, WriteOptions
+from ._openapi import V2_PROTOBUF
 from ._protobuf import ProtobufError, UnsupportedKind
 from ._resources import ResourceType
 from ._selectors import (
@@ -364,6 +365,8 @@ class APIServer:
             return self._metrics()
         if head == "version" and len(parts) == 1:
             return _respond(version_info(self.profile))
+        if head == "openapi" and parts[1:] == ["v2"] and request.method == "GET":
+            return self._openapi_v2(request)
         if head == "openapi" and len(parts) >= 2 and parts[1] == "v3":
             return self._openapi(parts[2:])
         if head == "api":
@@ -403,6 +406,15 @@ class APIServer:
         if legacy:
             return _respond(_resources.api_versions(f"{self._host}:{self._port}"))
         return _respond(self.registry.api_group_list())
+
+    def _openapi_v2(self, request: web.Request) -> web.Response:
+        """The swagger 2.0 document: gnostic protobuf when asked for (client-go), else JSON."""
+        docs = self.registry.openapi
+        if "com.github.proto-openapi.spec.v2" in request.headers.get("Accept", ""):
+            resp = web.Response(body=docs.v2_protobuf())
+            resp.headers["Content-Type"] = V2_PROTOBUF
+            return resp
+        return _respond(docs.v2())
 
     def _openapi(self, rest: list[str]) -> web.Response:
         if not rest:
