@@ -86,6 +86,23 @@ FEATURE_GATES: dict[str, tuple[GateStage, ...]] = {
         GateStage("1.37", "GA", True),
         GateStage("1.38", "GA", True, locked=True),
     ),
+    # Devices shared by several claims (allowMultipleAllocations), capacity requests,
+    # and the distinctAttribute constraint.
+    "DRAConsumableCapacity": (
+        GateStage("1.34", "Alpha", False),
+        GateStage("1.36", "Beta", True),
+    ),
+    # Devices with bindingConditions: allocation records them, binding waits for them.
+    "DRADeviceBindingConditions": (
+        GateStage("1.34", "Alpha", False),
+        GateStage("1.36", "Beta", True),
+    ),
+    # Extended resources (``example.com/gpu: 1``) backed by DRA DeviceClasses.
+    "DRAExtendedResource": (
+        GateStage("1.34", "Alpha", False),
+        GateStage("1.36", "Beta", True),
+        GateStage("1.37", "GA", True, locked=True),
+    ),
     # The kubelet writes pod.status.containerStatuses[].allocatedResourcesStatus.
     "ResourceHealthStatus": (
         GateStage("1.31", "Alpha", False),
