@@ -20,6 +20,7 @@ import msgspec
 from lightkube.models import (
     apps_v1,
     authorization_v1,
+    batch_v1,
     coordination_v1,
     core_v1,
     events_v1,
@@ -207,6 +208,17 @@ BASE_RESOURCES: tuple[ResourceType, ...] = (
         short_names=("rs",),
         categories=("all",),
         subresources=("status",),
+    ),
+    ResourceType(
+        "batch",
+        "v1",
+        "Job",
+        "jobs",
+        True,
+        batch_v1.Job,
+        categories=("all",),
+        subresources=("status",),
+        field_selectors=("status.successful",),
     ),
     ResourceType(
         "events.k8s.io", "v1", "Event", "events", True, events_v1.Event, short_names=("ev",)

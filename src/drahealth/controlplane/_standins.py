@@ -39,6 +39,7 @@ from lightkube.types import PatchType
 
 from drahealth._aio import cancel_and_wait
 from drahealth.controlplane._allocate import Device, devices_from_slices
+from drahealth.controlplane._jobs import JobStandIn
 from drahealth.controlplane._loop import reconcile_loop
 from drahealth.controlplane._scheduler import SchedulerStandIn, rule_class, rule_taints
 from drahealth.core import (
@@ -337,12 +338,14 @@ class StandIns:
             TaintEvictionStandIn(client, profile) if profile.taint_eviction else None
         )
         self.replicasets = ReplicaSetStandIn(client)
+        self.jobs = JobStandIn(client)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         self._tasks = [
             asyncio.create_task(self.scheduler.run(), name="scheduler-stand-in"),
             asyncio.create_task(self.replicasets.run(), name="replicaset-stand-in"),
+            asyncio.create_task(self.jobs.run(), name="job-stand-in"),
         ]
         if self.taint_eviction is not None:
             self._tasks.append(

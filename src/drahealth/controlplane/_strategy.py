@@ -18,6 +18,7 @@ from typing import Any
 
 from drahealth.core import KubeProfile
 
+from ._batch import default_job
 from ._resources import ResourceType
 
 JSON = dict[str, Any]
@@ -84,6 +85,8 @@ def _fill_rule_taint(obj: JSON, old: JSON | None, now: str) -> None:
 
 
 def _defaults(rt: ResourceType, obj: JSON, old: JSON | None, now: str) -> None:
+    if (rt.group, rt.kind) == ("batch", "Job"):
+        default_job(obj)
     if rt.group != "resource.k8s.io":
         return
     if rt.kind == "DeviceTaintRule":

@@ -118,6 +118,61 @@ def _int_or_na(value: Any) -> Any:
     return "N/A" if value in ("", None) else value
 
 
+def _job_status(job: JSON) -> str:
+    """kubectl's Job STATUS: the first of these conditions that is True, else Running."""
+    true = {
+        c.get("type")
+        for c in _get(job, "status", "conditions", default=[]) or []
+        if c.get("status") == "True"
+    }
+    for kind in ("Complete", "Failed"):
+        if kind in true:
+            return kind
+    if _get(job, "metadata", "deletionTimestamp"):
+        return "Terminating"
+    for kind in ("Suspended", "FailureTarget"):
+        if kind in true:
+            return kind
+    return "Running"
+
+
+def _job_completions(job: JSON) -> str:
+    done = _get(job, "status", "succeeded", default=0) or 0
+    completions = _get(job, "spec", "completions", default=None)
+    if completions is not None:
+        return f"{done}/{completions}"
+    parallelism = _get(job, "spec", "parallelism", default=0) or 0
+    return f"{done}/1 of {parallelism}" if parallelism > 1 else f"{done}/1"
+
+
+def _job_duration(job: JSON) -> str:
+    start = _get(job, "status", "startTime", default=None)
+    if not start:
+        return ""
+    end = _get(job, "status", "completionTime", default=None)
+    try:
+        t0 = dt.datetime.fromisoformat(str(start))
+        t1 = dt.datetime.fromisoformat(str(end)) if end else dt.datetime.now(dt.UTC)
+    except ValueError:
+        return ""
+    return human_duration((t1 - t0).total_seconds())
+
+
+def _containers(obj: JSON, field: str) -> str:
+    containers = _get(obj, "spec", "template", "spec", "containers", default=[]) or []
+    return ",".join(str(c.get(field, "")) for c in containers if isinstance(c, dict))
+
+
+def _selector(obj: JSON) -> str:
+    sel = _get(obj, "spec", "selector", default={}) or {}
+    parts = [f"{k}={v}" for k, v in sorted((sel.get("matchLabels") or {}).items())]
+    for e in sel.get("matchExpressions") or []:
+        values = ",".join(e.get("values") or [])
+        op = str(e.get("operator", "")).lower()
+        parts.append(f"{e.get('key')} {op} ({values})" if values else f"{e.get('key')}")
+    return ",".join(parts) or "<none>"
+
+
 _NAME: Column = ("Name", "string", lambda o: _get(o, "metadata", "name"), 0)
 _AGE: Column = ("Age", "string", _age, 0)
 
@@ -156,6 +211,16 @@ _COLUMNS: dict[tuple[str, str], list[Column]] = {
             0,
         ),
         ("Message", "string", lambda o: o.get("message", ""), 0),
+    ],
+    ("batch", "Job"): [
+        _NAME,
+        ("Status", "string", _job_status, 0),
+        ("Completions", "string", _job_completions, 0),
+        ("Duration", "string", _job_duration, 0),
+        _AGE,
+        ("Containers", "string", lambda o: _containers(o, "name"), 1),
+        ("Images", "string", lambda o: _containers(o, "image"), 1),
+        ("Selector", "string", _selector, 1),
     ],
     ("coordination.k8s.io", "Lease"): [
         _NAME,

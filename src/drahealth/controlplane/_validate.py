@@ -22,6 +22,7 @@ import msgspec.inspect as mi
 
 from drahealth.core import KubeProfile, matches_dns_label, matches_dns_subdomain
 
+from ._batch import job_causes
 from ._resources import ResourceType
 from ._selectors import SelectorError, validate_label_key, validate_label_value
 from ._status import cause
@@ -456,6 +457,7 @@ _KIND_RULES = {  # (group, kind): the rules hold for every version of the kind
     ("resource.k8s.io", "ResourceSlice"): _resource_slice_causes,
     ("policy", "PodDisruptionBudget"): _pdb_causes,
     ("authorization.k8s.io", "SelfSubjectAccessReview"): _access_review_causes,
+    ("batch", "Job"): job_causes,
 }
 
 
