@@ -1,50 +1,78 @@
 """Stand-in for the scheduler's DRA allocator: structured parameters, no I/O.
 
-Owns :func:`allocate`, which picks devices for one ResourceClaim from ResourceSlices
-the way kube-scheduler's DRA plugin does for the common cases, and
-:class:`AllocationError`. It is a stand-in for the embedded control plane (a greedy
-first fit per node, no backtracking, no scoring), not a scheduler:
+Owns :func:`allocate_claim` (and :func:`allocate`, its older two-value form), which
+picks devices for one ResourceClaim from ResourceSlices as upstream's structured
+allocator does, and :class:`AllocationError`. A stand-in for the embedded control
+plane (one claim at a time, first solution wins, no scoring), not a scheduler:
 
 * requests ``exactly`` (``allocationMode`` ExactCount with ``count``, or All) and
-  ``firstAvailable`` (the first subrequest that fits wins, result ``<request>/<sub>``);
-* DeviceClass ``spec.selectors`` and request ``selectors`` are CEL expressions
-  evaluated with a maintained CEL library (``device.driver``,
-  ``device.attributes["<domain>"].<name>``, ``device.capacity["<domain>"].<name>``);
+  ``firstAvailable`` (subrequests in order, result ``<request>/<sub>``), searched
+  with backtracking across requests, so a later request or a constraint can make an
+  earlier choice change (bounded by :data:`MAX_SEARCH_STEPS`);
+* claim ``constraints``: ``matchAttribute`` (every device of the listed requests has
+  the attribute, with one value) and, where the release serves
+  ``DRAConsumableCapacity``, ``distinctAttribute`` (pairwise different values);
+* DeviceClass and request ``selectors`` in the Kubernetes CEL environment
+  (:mod:`._cel_k8s`); a runtime error aborts the allocation with
+  :class:`AllocationAborted` naming the class or claim, the selector and the device;
 * devices allocated to other claims are skipped unless the request has
-  ``adminAccess``; tainted devices (ResourceSlice taints and DeviceTaintRules with
-  effect NoSchedule or NoExecute) are skipped unless the request tolerates the taint,
-  and with allocationMode All every matching device must be usable;
-* a claim is allocated on one node: the first node (sorted) where every request fits.
+  ``adminAccess`` or, with ``DRAConsumableCapacity``, the device allows multiple
+  allocations; tainted devices (NoSchedule/NoExecute from the slice or a
+  DeviceTaintRule) are skipped unless tolerated; devices with ``bindingConditions``
+  are used only with ``DRADeviceBindingConditions`` (their conditions are copied into
+  the result for the scheduler to wait on);
+* opaque config from the DeviceClasses (``FromClass``) and the claim (``FromClaim``)
+  is copied into the result with the requests each applies to;
+* a claim is allocated on one node: the first node (sorted) where everything fits.
+
+:func:`extended_resource_requests` turns a pod's extended resources backed by a
+DeviceClass (``extendedResourceName``) into the requests of its special claim.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import celpy
-from celpy.adapter import json_to_cel
-from celpy.celparser import CELParseError
-
-from drahealth.core import Taint, tolerated
+from drahealth.controlplane._cel_k8s import (
+    CELCompileError,
+    CELRuntimeError,
+    Selector,
+    Semver,
+    compile_selector,
+    device_value,
+)
+from drahealth.core import NEWEST_KUBE_VERSION, KubeProfile, Taint, kube_profile, tolerated
 
 __all__ = [
+    "MAX_SEARCH_STEPS",
+    "Allocation",
+    "AllocationAborted",
     "AllocationError",
     "Device",
     "Taint",
     "allocate",
+    "allocate_claim",
     "cel_selects",
     "devices_from_slices",
+    "extended_resource_requests",
     "tolerated",
 ]
+
+#: Devices tried in one search before the claim is reported as not allocatable.
+MAX_SEARCH_STEPS = 100_000
 
 JSON = dict[str, Any]
 
 
 class AllocationError(Exception):
     """The claim cannot be allocated now; the text says which request and why."""
+
+
+class AllocationAborted(AllocationError):
+    """Allocation stopped for every node (a CEL error, a class or claim that cannot
+    work); the text is what reaches the pod's scheduling condition."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +84,10 @@ class Device:
     attributes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # domain -> name -> v
     capacity: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
+    allow_multiple: bool = False  # allowMultipleAllocations
+    binding_conditions: tuple[str, ...] = ()
+    binding_failure_conditions: tuple[str, ...] = ()
+    binds_to_node: bool = False
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -72,7 +104,12 @@ def _qualified(driver: str, table: Mapping[str, Any], unwrap: Callable[[Any], An
 
 def _attribute(raw: Any) -> Any:
     if isinstance(raw, dict):
-        for kind in ("string", "int", "bool", "version"):
+        if "version" in raw:
+            try:
+                return Semver(str(raw["version"]))
+            except ValueError:
+                return str(raw["version"])
+        for kind in ("string", "int", "bool"):
             if kind in raw:
                 return raw[kind]
     return raw
@@ -107,36 +144,24 @@ def devices_from_slices(slices: Iterable[JSON]) -> list[Device]:
                     _qualified(driver, d.get("attributes") or {}, _attribute),
                     _qualified(driver, d.get("capacity") or {}, _capacity),
                     taints,
+                    bool(d.get("allowMultipleAllocations")),
+                    tuple(str(c) for c in d.get("bindingConditions") or []),
+                    tuple(str(c) for c in d.get("bindingFailureConditions") or []),
+                    bool(d.get("bindsToNode")),
                 )
             )
     return out
 
 
-@functools.lru_cache(maxsize=512)
-def _program(expression: str) -> Any:
-    env = celpy.Environment()
-    return env.program(env.compile(expression))
-
-
-def _cel_true(expression: str, device: Device) -> bool:
-    try:
-        program = _program(expression)
-    except CELParseError as exc:
-        raise AllocationError(f"bad CEL expression {expression!r}: {exc}") from exc
-    activation = {
-        "device": json_to_cel(
-            {
-                "driver": device.driver,
-                "attributes": {k: dict(v) for k, v in device.attributes.items()},
-                "capacity": {k: dict(v) for k, v in device.capacity.items()},
-            }
-        )
-    }
-    try:
-        result = program.evaluate(activation)
-    except Exception:  # a missing attribute is "no match", as in Kubernetes
-        return False
-    return result is True or (isinstance(result, celpy.celtypes.BoolType) and bool(result))
+def _device_cel(device: Device, profile: KubeProfile) -> Any:
+    return device_value(
+        device.driver,
+        device.attributes,
+        device.capacity,
+        allow_multiple_allocations=(
+            device.allow_multiple if profile.enabled("DRAConsumableCapacity") else None
+        ),
+    )
 
 
 def _selectors(selectors: Iterable[Any]) -> list[str]:
@@ -150,22 +175,37 @@ def _selectors(selectors: Iterable[Any]) -> list[str]:
 
 def cel_selects(selectors: Iterable[Any], device: Device) -> bool:
     """Whether every CEL selector (``{"cel": {"expression": ...}}``) accepts ``device``;
-    an expression that does not compile accepts nothing."""
+    an expression that does not compile or fails at runtime accepts nothing."""
+    value = _device_cel(device, kube_profile(NEWEST_KUBE_VERSION))
     try:
-        return all(_cel_true(e, device) for e in _selectors(selectors))
-    except AllocationError:
+        return all(compile_selector(e).matches(value) for e in _selectors(selectors))
+    except (CELCompileError, CELRuntimeError):
         return False
 
 
 @dataclass(slots=True)
 class _Request:
-    name: str
+    name: str  # "<request>" or "<request>/<subrequest>"
+    base: str
     class_name: str
     selectors: list[str]
     mode: str
     count: int
     admin: bool
     tolerations: list[Any]
+
+
+def _request(base: str, sub: str | None, body: Mapping[str, Any]) -> _Request:
+    return _Request(
+        f"{base}/{sub}" if sub else base,
+        base,
+        str(body.get("deviceClassName") or ""),
+        _selectors(body.get("selectors") or []),
+        str(body.get("allocationMode") or "ExactCount"),
+        int(body.get("count") or 1),
+        bool(body.get("adminAccess")),
+        list(body.get("tolerations") or []),
+    )
 
 
 def _requests(claim: JSON) -> list[tuple[str, list[_Request]]]:
@@ -175,38 +215,88 @@ def _requests(claim: JSON) -> list[tuple[str, list[_Request]]]:
         name = str(req.get("name", ""))
         if req.get("firstAvailable"):
             subs = [
-                _Request(
-                    f"{name}/{sub.get('name')}",
-                    str(sub.get("deviceClassName") or ""),
-                    _selectors(sub.get("selectors") or []),
-                    str(sub.get("allocationMode") or "ExactCount"),
-                    int(sub.get("count") or 1),
-                    False,
-                    list(sub.get("tolerations") or []),
-                )
+                _request(name, str(sub.get("name")), sub)
                 for sub in req["firstAvailable"]
                 if isinstance(sub, dict)
             ]
             out.append((name, subs))
-            continue
-        ex = req.get("exactly") or {}
-        out.append(
-            (
-                name,
-                [
-                    _Request(
-                        name,
-                        str(ex.get("deviceClassName") or ""),
-                        _selectors(ex.get("selectors") or []),
-                        str(ex.get("allocationMode") or "ExactCount"),
-                        int(ex.get("count") or 1),
-                        bool(ex.get("adminAccess")),
-                        list(ex.get("tolerations") or []),
-                    )
-                ],
-            )
-        )
+        else:
+            out.append((name, [_request(name, None, req.get("exactly") or {})]))
     return out
+
+
+@dataclass(slots=True)
+class _Constraint:
+    kind: str  # "match" or "distinct"
+    domain: str
+    ident: str
+    requests: frozenset[str]
+    values: list[tuple[str, Any]] = field(default_factory=list)
+
+    def applies(self, r: _Request) -> bool:
+        return not self.requests or r.base in self.requests or r.name in self.requests
+
+    def add(self, r: _Request, d: Device) -> bool:
+        if not self.applies(r):
+            return True
+        attrs = d.attributes.get(self.domain) or {}
+        if self.ident not in attrs:
+            return False
+        raw = attrs[self.ident]
+        value = (type(raw).__name__, str(raw) if isinstance(raw, Semver) else raw)
+        if self.kind == "match" and self.values and self.values[0] != value:
+            return False
+        if self.kind == "distinct" and value in self.values:
+            return False
+        self.values.append(value)
+        return True
+
+    def remove(self, r: _Request) -> None:
+        if self.applies(r):
+            self.values.pop()
+
+
+def _constraints(claim: JSON, profile: KubeProfile) -> list[_Constraint]:
+    out = []
+    spec = (claim.get("spec") or {}).get("devices") or {}
+    for i, c in enumerate(spec.get("constraints") or []):
+        c = c if isinstance(c, dict) else {}
+        requests = frozenset(str(r) for r in c.get("requests") or [])
+        if c.get("matchAttribute"):
+            kind, attr = "match", str(c["matchAttribute"])
+        elif c.get("distinctAttribute") and profile.enabled("DRAConsumableCapacity"):
+            kind, attr = "distinct", str(c["distinctAttribute"])
+        else:
+            raise AllocationAborted(
+                f"constraint #{i}: empty constraint (unsupported constraint type?)"
+            )
+        domain, _, ident = attr.rpartition("/")
+        out.append(_Constraint(kind, domain, ident, requests))
+    return out
+
+
+@dataclass(slots=True)
+class Allocation:
+    """A claim's allocation: ``status()`` is its ``status.allocation``."""
+
+    node: str
+    results: list[JSON]
+    config: list[JSON]
+    node_local: bool = True  # False when every device comes from an allNodes slice
+
+    def status(self) -> JSON:
+        devices: JSON = {"results": self.results}
+        if self.config:
+            devices["config"] = self.config
+        out: JSON = {"devices": devices}
+        if self.node_local:
+            out["nodeSelector"] = {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In",
+                                      "values": [self.node]}]}
+                ]
+            }  # fmt: skip
+        return out
 
 
 def allocate(
@@ -217,12 +307,34 @@ def allocate(
     in_use: set[tuple[str, str, str]],
     rule_taints: Callable[[Device], list[Taint]] = lambda _d: [],
     nodes: Iterable[str] | None = None,
+    profile: KubeProfile | None = None,
 ) -> tuple[str, list[JSON]]:
-    """(node, allocation results) for ``claim``, or :class:`AllocationError`.
+    """(node, allocation results) for ``claim``; see :func:`allocate_claim`."""
+    found = allocate_claim(
+        claim, devices, classes, in_use=in_use, rule_taints=rule_taints, nodes=nodes,
+        profile=profile,
+    )  # fmt: skip
+    return found.node, found.results
+
+
+def allocate_claim(
+    claim: JSON,
+    devices: list[Device],
+    classes: Mapping[str, JSON],
+    *,
+    in_use: set[tuple[str, str, str]],
+    rule_taints: Callable[[Device], list[Taint]] = lambda _d: [],
+    nodes: Iterable[str] | None = None,
+    profile: KubeProfile | None = None,
+) -> Allocation:
+    """The allocation of ``claim``, or :class:`AllocationError` (per node reasons) /
+    :class:`AllocationAborted` (nothing can succeed: a CEL error, a missing class).
 
     ``nodes`` limits the candidate nodes (a pod already bound to a node); ``in_use``
-    holds the devices other claims hold; ``rule_taints`` adds DeviceTaintRule taints.
+    holds the devices other claims hold; ``rule_taints`` adds DeviceTaintRule taints;
+    ``profile`` is the release whose feature gates apply (the newest by default).
     """
+    profile = profile or kube_profile(NEWEST_KUBE_VERSION)
     requests = _requests(claim)
     if not requests:
         raise AllocationError("the claim has no device requests")
@@ -230,68 +342,339 @@ def allocate(
         for r in alternatives:
             if r.class_name and r.class_name not in classes:
                 raise AllocationError(f"request {r.name}: DeviceClass {r.class_name!r} not found")
+            if r.mode not in ("ExactCount", "All"):
+                raise AllocationAborted(f"request {r.name}: unsupported count mode {r.mode}")
+    label = _claim_label(claim)
+    selectors = _compiled(requests, classes, label)
     candidates = sorted({d.node for d in devices if d.node} if nodes is None else set(nodes))
     reasons: list[str] = []
     for node in candidates:
         local = [d for d in devices if d.node in (node, "")]
-        try:
-            return node, _fit(requests, local, classes, in_use, rule_taints)
-        except AllocationError as exc:
-            reasons.append(f"{node}: {exc}")
+        search = _Search(
+            requests, _constraints(claim, profile), local, selectors, classes, in_use,
+            rule_taints, profile, label,
+        )  # fmt: skip
+        picked = search.run()
+        if picked is None:
+            reasons.append(f"{node}: {search.why}")
+            continue
+        return Allocation(
+            node,
+            picked,
+            _config(claim, requests, classes, search.chosen_alternatives),
+            node_local=any(d.node for d in search.chosen_devices),
+        )
     if not candidates:
         raise AllocationError("no node has devices")
     raise AllocationError("; ".join(reasons))
 
 
-def _fit(
-    requests: list[tuple[str, list[_Request]]],
-    devices: list[Device],
-    classes: Mapping[str, JSON],
-    in_use: set[tuple[str, str, str]],
-    rule_taints: Callable[[Device], list[Taint]],
-) -> list[JSON]:
-    taken: set[tuple[str, str, str]] = set()
-    results: list[JSON] = []
-    for name, alternatives in requests:
-        why = ""
+def _claim_label(claim: JSON) -> str:
+    meta = claim.get("metadata") or {}
+    ns, name = meta.get("namespace"), meta.get("name")
+    return f"{ns}/{name}" if ns and name else str(name or "<claim>")
+
+
+_Compiled = dict[str, list[tuple[str, int, Selector]]]
+
+
+def _compiled(
+    requests: list[tuple[str, list[_Request]]], classes: Mapping[str, JSON], label: str
+) -> _Compiled:
+    """Per alternative: (who, index, selector), the class's selectors first."""
+    out: _Compiled = {}
+    for _, alternatives in requests:
         for r in alternatives:
-            exprs = list(r.selectors)
+            entries: list[tuple[str, int, Selector]] = []
+            sources: list[tuple[str, list[str]]] = []
             if r.class_name:
                 spec = classes[r.class_name].get("spec") or {}
-                exprs = _selectors(spec.get("selectors") or []) + exprs
-            matching = [d for d in devices if all(_cel_true(e, d) for e in exprs)]
+                sources.append((f"class {r.class_name}", _selectors(spec.get("selectors") or [])))
+            sources.append((f"claim {label}", r.selectors))
+            for who, exprs in sources:
+                for i, expr in enumerate(exprs):
+                    try:
+                        entries.append((who, i, compile_selector(expr)))
+                    except CELCompileError as exc:
+                        raise AllocationAborted(
+                            f"{who}: selector #{i}: CEL compile error: {exc}"
+                        ) from None
+            out[r.name] = entries
+    return out
 
-            def usable(d: Device, r: _Request = r) -> bool:
-                if d.key in taken or (d.key in in_use and not r.admin):
-                    return False
-                return all(
-                    t.effect not in ("NoSchedule", "NoExecute") or tolerated(t, r.tolerations)
-                    for t in (*d.taints, *rule_taints(d))
-                )
 
-            free = [d for d in matching if usable(d)]
+class _Search:
+    """Backtracking over requests and devices for one node (upstream's allocateOne)."""
+
+    def __init__(
+        self,
+        requests: list[tuple[str, list[_Request]]],
+        constraints: list[_Constraint],
+        devices: list[Device],
+        selectors: _Compiled,
+        classes: Mapping[str, JSON],
+        in_use: set[tuple[str, str, str]],
+        rule_taints: Callable[[Device], list[Taint]],
+        profile: KubeProfile,
+        label: str,
+    ) -> None:
+        self.requests = requests
+        self.constraints = constraints
+        self.devices = devices
+        self.selectors = selectors
+        self.in_use = in_use
+        self.rule_taints = rule_taints
+        self.profile = profile
+        self.label = label
+        self.taken: dict[tuple[str, str, str], int] = {}
+        self.results: list[JSON] = []
+        self.chosen_devices: list[Device] = []
+        self.chosen_alternatives: dict[str, _Request] = {}
+        self.steps = 0
+        self.why = ""
+        self._match: dict[tuple[str, tuple[str, str, str]], bool] = {}
+        self._values: dict[tuple[str, str, str], Any] = {}
+
+    def run(self) -> list[JSON] | None:
+        return self.results if self._solve(0) else None
+
+    def _selectable(self, r: _Request, d: Device) -> bool:
+        key = (r.name, d.key)
+        if key not in self._match:
+            value = self._values.get(d.key)
+            if value is None:
+                value = self._values[d.key] = _device_cel(d, self.profile)
+            ok = True
+            for who, i, sel in self.selectors[r.name]:
+                try:
+                    if not sel.matches(value):
+                        ok = False
+                        break
+                except CELRuntimeError as exc:
+                    raise AllocationAborted(
+                        f"{who}: selector #{i} on device {'/'.join(d.key)}: "
+                        f"CEL runtime error: {exc}"
+                    ) from None
+            self._match[key] = ok
+        return self._match[key]
+
+    def _usable(self, r: _Request, d: Device) -> bool:
+        shared = d.allow_multiple and self.profile.enabled("DRAConsumableCapacity")
+        if r.admin:
+            if d.key in self.taken:
+                return False
+        elif not shared and (d.key in self.taken or d.key in self.in_use):
+            return False
+        if d.binding_conditions and not self.profile.enabled("DRADeviceBindingConditions"):
+            return False
+        return all(
+            t.effect not in ("NoSchedule", "NoExecute") or tolerated(t, r.tolerations)
+            for t in (*d.taints, *self.rule_taints(d))
+        )
+
+    def _place(self, r: _Request, d: Device) -> bool:
+        for i, c in enumerate(self.constraints):
+            if not c.add(r, d):
+                for done in self.constraints[:i]:
+                    done.remove(r)
+                return False
+        self.taken[d.key] = self.taken.get(d.key, 0) + 1
+        result: JSON = {"request": r.name, "driver": d.driver, "pool": d.pool, "device": d.name}
+        if r.admin:
+            result["adminAccess"] = True
+        if r.tolerations and self.profile.slice_taints:
+            result["tolerations"] = r.tolerations
+        if d.binding_conditions and self.profile.enabled("DRADeviceBindingConditions"):
+            result["bindingConditions"] = list(d.binding_conditions)
+            result["bindingFailureConditions"] = list(d.binding_failure_conditions)
+        self.results.append(result)
+        self.chosen_devices.append(d)
+        return True
+
+    def _unplace(self, r: _Request, d: Device) -> None:
+        for c in self.constraints:
+            c.remove(r)
+        self.taken[d.key] -= 1
+        if not self.taken[d.key]:
+            del self.taken[d.key]
+        self.results.pop()
+        self.chosen_devices.pop()
+
+    def _step(self) -> None:
+        self.steps += 1
+        if self.steps > MAX_SEARCH_STEPS:
+            raise AllocationError(f"gave up after trying {MAX_SEARCH_STEPS} device combinations")
+
+    def _solve(self, index: int) -> bool:
+        if index == len(self.requests):
+            return True
+        name, alternatives = self.requests[index]
+        for r in alternatives:
+            self.chosen_alternatives[name] = r
             if r.mode == "All":
-                if not matching or len(free) != len(matching):
-                    why = f"request {r.name}: not all {len(matching)} matching devices are usable"
-                    continue
-                chosen = free
-            else:
-                if len(free) < r.count:
-                    why = f"request {r.name}: {len(free)} of {r.count} devices available"
-                    continue
-                chosen = free[: r.count]
-            for d in chosen:
-                taken.add(d.key)
-                result: JSON = {
-                    "request": r.name,
-                    "driver": d.driver,
-                    "pool": d.pool,
-                    "device": d.name,
-                }
-                if r.admin:
-                    result["adminAccess"] = True
-                results.append(result)
-            break
+                if self._all(r, index):
+                    return True
+            elif self._pick(r, index, r.count, 0):
+                return True
+        del self.chosen_alternatives[name]
+        return False
+
+    def _all(self, r: _Request, index: int) -> bool:
+        matching = [d for d in self.devices if self._selectable(r, d)]
+        if not matching or not all(self._usable(r, d) for d in matching):
+            self.why = f"request {r.name}: not all {len(matching)} matching devices are usable"
+            return False
+        placed: list[Device] = []
+        for d in matching:
+            self._step()
+            if not self._place(r, d):
+                self.why = (
+                    f"request {r.name}: device {'/'.join(d.key)} does not satisfy "
+                    "the claim's constraints"
+                )
+                break
+            placed.append(d)
         else:
-            raise AllocationError(why or f"request {name}: no alternative fits")
-    return results
+            if self._solve(index + 1):
+                return True
+        for d in reversed(placed):
+            self._unplace(r, d)
+        return False
+
+    def _pick(self, r: _Request, index: int, remaining: int, start: int) -> bool:
+        if remaining == 0:
+            return self._solve(index + 1)
+        usable = 0
+        for j in range(start, len(self.devices)):
+            d = self.devices[j]
+            if not self._selectable(r, d) or not self._usable(r, d):
+                continue
+            usable += 1
+            self._step()
+            if not self._place(r, d):
+                continue
+            if self._pick(r, index, remaining - 1, j + 1):
+                return True
+            self._unplace(r, d)
+        if remaining == r.count:
+            if usable < r.count:
+                self.why = f"request {r.name}: {usable} of {r.count} devices available"
+            elif not self.why:
+                self.why = f"request {r.name}: no {r.count} devices satisfy the claim's constraints"
+        return False
+
+
+def _config(
+    claim: JSON,
+    requests: list[tuple[str, list[_Request]]],
+    classes: Mapping[str, JSON],
+    chosen: Mapping[str, _Request],
+) -> list[JSON]:
+    """``status.allocation.devices.config``: each class's config once (``FromClass``,
+    the requests using the class), then the claim's config for allocated requests
+    (``FromClaim``); a config for every request lists none ("all")."""
+    out: list[JSON] = []
+    by_class: dict[str, list[JSON]] = {}
+    for name, _ in requests:
+        r = chosen.get(name)
+        if r is None or not r.class_name:
+            continue
+        if r.class_name in by_class:
+            for entry in by_class[r.class_name]:
+                entry["requests"].append(r.name)
+            continue
+        entries = []
+        for cfg in (classes[r.class_name].get("spec") or {}).get("config") or []:
+            if isinstance(cfg, dict) and cfg.get("opaque"):
+                entries.append(
+                    {"source": "FromClass", "requests": [r.name], "opaque": cfg["opaque"]}
+                )
+        by_class[r.class_name] = entries
+        out.extend(entries)
+    spec = (claim.get("spec") or {}).get("devices") or {}
+    for cfg in spec.get("config") or []:
+        if not isinstance(cfg, dict) or not cfg.get("opaque"):
+            continue
+        wanted = [str(x) for x in cfg.get("requests") or []]
+        entry = {"source": "FromClaim", "requests": wanted, "opaque": cfg["opaque"]}
+        if not wanted:
+            out.append(entry)
+            continue
+        for name, _ in requests:
+            r = chosen.get(name)
+            if name in wanted or (r is not None and r.name in wanted):
+                out.append(dict(entry))
+    for entry in out:
+        if len(entry["requests"]) == len(requests):
+            entry["requests"] = []
+    for entry in out:
+        if not entry["requests"]:
+            del entry["requests"]
+    return out
+
+
+def extended_resource_requests(
+    pod: JSON, classes: Mapping[str, JSON], profile: KubeProfile | None = None
+) -> tuple[list[JSON], list[JSON]]:
+    """(device requests, container mappings) of ``pod``'s special claim for extended
+    resources backed by DRA, empty when there are none or the release lacks
+    ``DRAExtendedResource``.
+
+    A resource maps to the DeviceClass whose ``spec.extendedResourceName`` names it, or
+    to ``deviceclass.resource.kubernetes.io/<class>``. One ExactCount request per
+    container (init containers first) and resource, named
+    ``container-<container index>-request-<index among the container's sorted
+    requests>``; a mapping is ``{containerName, resourceName, requestName}`` for
+    ``pod.status.extendedResourceClaimStatus.requestMappings``.
+    """
+    profile = profile or kube_profile(NEWEST_KUBE_VERSION)
+    if not profile.enabled("DRAExtendedResource"):
+        return [], []
+    by_resource: dict[str, str] = {}
+    for name in sorted(classes):
+        by_resource[f"deviceclass.resource.kubernetes.io/{name}"] = name
+    for name in sorted(classes):
+        ext = (classes[name].get("spec") or {}).get("extendedResourceName")
+        if ext:
+            by_resource.setdefault(str(ext), name)
+    spec = pod.get("spec") or {}
+    containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+    requests: list[JSON] = []
+    mappings: list[JSON] = []
+    for ci, container in enumerate(containers):
+        wanted = ((container or {}).get("resources") or {}).get("requests") or {}
+        limits = ((container or {}).get("resources") or {}).get("limits") or {}
+        merged = {**limits, **wanted}
+        keys = sorted(merged)
+        for ri, resource in enumerate(keys):
+            cls = by_resource.get(resource)
+            if cls is None:
+                continue
+            try:
+                count = int(str(merged[resource]))
+            except ValueError:
+                raise AllocationAborted(
+                    f"container {container.get('name')}: {resource}: "
+                    f"must be a whole number, not {merged[resource]!r}"
+                ) from None
+            if count <= 0:
+                continue
+            req_name = f"container-{ci}-request-{ri}"
+            requests.append(
+                {
+                    "name": req_name,
+                    "exactly": {
+                        "deviceClassName": cls,
+                        "allocationMode": "ExactCount",
+                        "count": count,
+                    },
+                }
+            )
+            mappings.append(
+                {
+                    "containerName": str(container.get("name")),
+                    "resourceName": resource,
+                    "requestName": req_name,
+                }
+            )
+    return requests, mappings

@@ -133,7 +133,7 @@ def test_errors_say_which_request_and_why() -> None:
         allocate(claim(exactly(cls="tpu")), DEVICES, CLASSES, in_use=set())
     with pytest.raises(AllocationError, match=r"node-2: request gpu: 2 of 5 devices available"):
         allocate(claim(exactly(count=5)), DEVICES, CLASSES, in_use=set())
-    with pytest.raises(AllocationError, match="bad CEL expression"):
+    with pytest.raises(AllocationError, match="selector #0: CEL compile error"):
         allocate(
             claim(exactly(selectors=[{"cel": {"expression": "device.("}}])),
             DEVICES,
