@@ -107,8 +107,11 @@ async def test_invalid_name_unknown_field_and_field_validation(http: aiohttp.Cli
     assert cause["field"] == "metadata.name" and cause["reason"] == "FieldValueInvalid"
     bad = pod("q", spec={"containers": [{"name": "c", "imagee": "x"}]})
     code, body = await call(http, "POST", PODS, bad)
-    assert code == 422
-    assert body["details"]["causes"][0]["field"] == "spec.containers[0].imagee"
+    assert code == 400 and body["reason"] == "BadRequest"
+    assert body["message"] == (
+        'Pod in version "v1" cannot be handled as a Pod: strict decoding error: '
+        'unknown field "spec.containers[0].imagee"'
+    )
     async with http.post(f"{PODS}?fieldValidation=Warn", json=bad) as r:
         assert r.status == 201
         assert "unknown field" in r.headers["Warning"]

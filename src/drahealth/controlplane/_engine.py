@@ -35,7 +35,13 @@ from ._selectors import FieldSelector, LabelSelector
 from ._status import APIError, cause
 from ._store import Store
 from ._strategy import prepare_create, prepare_update
-from ._validate import object_causes, prune_unknown
+from ._table import format_label_selector
+from ._validate import (
+    is_unknown_field,
+    object_causes,
+    prune_unknown,
+    strict_decoding_message,
+)
 
 JSON = dict[str, Any]
 
@@ -72,6 +78,27 @@ class WriteOptions:
     field_validation: str = "Strict"
     force: bool = False
     warnings: list[str] = field(default_factory=list)
+
+
+def _scale_of(obj: JSON) -> JSON:
+    """The ``autoscaling/v1`` Scale of a workload with ``spec.replicas``."""
+    meta = obj["metadata"]
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    scale_meta = {
+        k: meta[k]
+        for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+        if k in meta
+    }
+    return {
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": scale_meta,
+        "spec": {"replicas": spec.get("replicas", 1)},
+        "status": {
+            "replicas": status.get("replicas", 0),
+            "selector": format_label_selector(spec.get("selector"), none=""),
+        },
+    }
 
 
 def _meta(obj: JSON) -> JSON:
@@ -180,13 +207,18 @@ class Engine:
         except DecodeError as e:
             raise _status.bad_request(str(e)) from e
 
-    def _validate(self, rt: ResourceType, obj: JSON, opts: WriteOptions) -> None:
-        causes = object_causes(rt, obj, self.profile)
+    def _validate(
+        self, rt: ResourceType, obj: JSON, opts: WriteOptions, old: JSON | None = None
+    ) -> None:
+        ns = self.store.get(NAMESPACES.key, "", _meta(obj).get("namespace") or "")
+        causes = object_causes(rt, obj, self.profile, old=old, namespace=ns)
+        unknown = [c for c in causes if is_unknown_field(c)]
         if opts.field_validation in ("Ignore", "Warn"):
-            unknown = [c for c in causes if c["message"].startswith("unknown field")]
             if opts.field_validation == "Warn":
                 opts.warnings.extend(c["message"] for c in unknown)
             causes = [c for c in causes if c not in unknown]
+        elif unknown:  # Strict: the decoder refuses the body before validation runs
+            raise _status.bad_request(strict_decoding_message(rt, unknown))
         if causes:
             raise _status.invalid(rt.kind, rt.group, _meta(obj).get("name", ""), causes)
 
@@ -433,7 +465,7 @@ class Engine:
         if not tracked:
             new = self._track(rt, old, new, sub, opts, now)
         new["metadata"]["resourceVersion"] = have_rv
-        self._validate(rt, new, opts)
+        self._validate(rt, new, opts, old)
         self._storable(new)
         meta = new["metadata"]
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
@@ -545,6 +577,71 @@ class Engine:
             "spec": body.get("spec") or {},
             "status": {"allowed": True, "reason": ACCESS_REVIEW_REASON},
         }
+
+    # ------------------------------------------------------------------ scale
+
+    def scale(self, rt: ResourceType, ns: str | None, name: str) -> JSON:
+        """The ``autoscaling/v1`` Scale of a workload (its ``scale`` subresource)."""
+        return _scale_of(self.get(rt, ns, name))
+
+    def update_scale(
+        self, rt: ResourceType, ns: str | None, name: str, body: Any, opts: WriteOptions
+    ) -> JSON:
+        """Write a Scale: only ``spec.replicas`` reaches the workload (upstream's
+        scale REST), with the Scale's resourceVersion as a precondition."""
+        if (
+            not isinstance(body, dict)
+            or body.get("kind") != "Scale"
+            or body.get("apiVersion") != "autoscaling/v1"
+        ):
+            raise _status.bad_request("the body must be an autoscaling/v1 Scale")
+        meta = _meta(body)
+        if meta.get("name") not in (None, name):
+            raise _status.bad_request(
+                f"the name of the object ({meta.get('name')}) does not match the name on "
+                f"the URL ({name})"
+            )
+        replicas = (body.get("spec") or {}).get("replicas", 0)
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            message = "must be greater than or equal to 0"
+            if not isinstance(replicas, int) or isinstance(replicas, bool):
+                message = "must be an integer"
+            raise _status.invalid(
+                "Scale",
+                "autoscaling",
+                name,
+                [_status.cause("FieldValueInvalid", message, "spec.replicas")],
+            )
+        old = self.get(rt, ns, name)
+        candidate = copy.deepcopy(old)
+        candidate.setdefault("spec", {})["replicas"] = replicas
+        candidate["metadata"]["resourceVersion"] = meta.get("resourceVersion") or None
+        return _scale_of(self._commit(rt, old, candidate, "scale", opts))
+
+    def patch_scale(
+        self,
+        rt: ResourceType,
+        ns: str | None,
+        name: str,
+        ptype: str,
+        body: Any,
+        opts: WriteOptions,
+    ) -> JSON:
+        """Patch the Scale (merge, JSON or strategic merge), then write it."""
+        current = self.scale(rt, ns, name)
+        current["metadata"].pop("resourceVersion", None)
+        try:
+            if ptype == JSON_PATCH:
+                candidate = json_patch(current, body)
+            elif isinstance(body, dict) and ptype in (MERGE, STRATEGIC):
+                candidate = merge_patch(current, body)
+            else:
+                raise PatchError(f"a {ptype} patch of a Scale must be a JSON object")
+        except PatchTooLarge as e:
+            raise APIError(_status.status(413, str(e), "RequestEntityTooLarge")) from e
+        except PatchError as e:
+            raise APIError(_status.status(422, str(e))) from e
+        return self.update_scale(rt, ns, name, candidate, opts)
 
     # ------------------------------------------------------------------ eviction
 

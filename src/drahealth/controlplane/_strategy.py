@@ -4,7 +4,9 @@ Owns what the server sets or keeps on every write: ``uid``, ``creationTimestamp`
 ``generation`` (for kinds with a ``spec``: 1 on create, +1 whenever anything
 outside ``metadata``/``status`` changes), status reset on create,
 status-subresource isolation on update, defaulting of ``timeAdded`` on
-DeviceTaintRule and ResourceSlice device taints, and the fields a release drops when
+DeviceTaintRule and ResourceSlice device taints, the v1 defaults of a new claim's (or
+template's) requests (``allocationMode`` ExactCount, ``count`` 1, toleration
+``operator`` Equal), and the fields a release drops when
 their feature gate is off (upstream's ``dropDisabledFields`` helpers, see
 :func:`drop_disabled_fields`). Objects are stored at their kind's storage version.
 Pure functions over JSON dicts; inputs are not mutated.
@@ -84,12 +86,44 @@ def _fill_rule_taint(obj: JSON, old: JSON | None, now: str) -> None:
         taint["timeAdded"] = now
 
 
+def _default_request(req: Any) -> None:
+    """``SetDefaults_ExactDeviceRequest``/``SetDefaults_DeviceSubRequest`` (v1): mode
+    ExactCount, count 1 when unset or 0, toleration operator Equal."""
+    if not isinstance(req, dict):
+        return
+    if not req.get("allocationMode"):
+        req["allocationMode"] = "ExactCount"
+    if req["allocationMode"] == "ExactCount" and req.get("count") in (None, 0):
+        req["count"] = 1
+    for tol in req.get("tolerations") or []:
+        if isinstance(tol, dict) and not tol.get("operator"):
+            tol["operator"] = "Equal"
+
+
+def default_device_claim(devices: Any) -> None:
+    """Fill (in place) the defaults upstream's v1 defaulting gives a claim's requests."""
+    if not isinstance(devices, dict):
+        return
+    for req in devices.get("requests") or []:
+        if not isinstance(req, dict):
+            continue
+        if isinstance(req.get("exactly"), dict):
+            _default_request(req["exactly"])
+        for sub in req.get("firstAvailable") or []:
+            _default_request(sub)
+
+
 def _defaults(rt: ResourceType, obj: JSON, old: JSON | None, now: str) -> None:
     if (rt.group, rt.kind) == ("batch", "Job"):
         default_job(obj)
     if rt.group != "resource.k8s.io":
         return
-    if rt.kind == "DeviceTaintRule":
+    if rt.kind == "ResourceClaim" and old is None:
+        default_device_claim((obj.get("spec") or {}).get("devices"))
+    elif rt.kind == "ResourceClaimTemplate" and old is None:
+        spec = (obj.get("spec") or {}).get("spec")
+        default_device_claim(spec.get("devices") if isinstance(spec, dict) else None)
+    elif rt.kind == "DeviceTaintRule":
         _fill_rule_taint(obj, old, now)
     elif rt.kind == "ResourceSlice":
         _fill_slice_taints(obj, old, now)

@@ -15,6 +15,8 @@ import functools
 import inspect
 import json
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -23,6 +25,7 @@ import msgspec.inspect as mi
 from drahealth.core import KubeProfile, matches_dns_label, matches_dns_subdomain
 
 from ._batch import job_causes
+from ._cel_k8s import MAX_EXPRESSION_LENGTH, CELCompileError, compile_selector
 from ._resources import ResourceType
 from ._selectors import SelectorError, validate_label_key, validate_label_value
 from ._status import cause
@@ -81,8 +84,10 @@ def unsupported(field: str, value: Any, allowed: tuple[str, ...]) -> JSON:
     )
 
 
-def required(field: str) -> JSON:
-    return cause("FieldValueRequired", "Required value", field)
+def required(field: str, detail: str = "") -> JSON:
+    return cause(
+        "FieldValueRequired", f"Required value: {detail}" if detail else "Required value", field
+    )
 
 
 # --------------------------------------------------------------------------- schema walk
@@ -245,7 +250,7 @@ def name_causes(kind: str, name: str, field: str = "metadata.name") -> list[JSON
     return []
 
 
-def _label_causes(meta: JSON) -> list[JSON]:
+def _label_causes(meta: JSON, prefix: str = "metadata.") -> list[JSON]:
     out: list[JSON] = []
     labels = meta.get("labels")
     if isinstance(labels, dict):
@@ -255,14 +260,14 @@ def _label_causes(meta: JSON) -> list[JSON]:
                 if isinstance(v, str):
                     validate_label_value(v)
             except SelectorError as e:
-                out.append(invalid_value(f"metadata.labels[{k}]", v, str(e)))
+                out.append(invalid_value(f"{prefix}labels[{k}]", v, str(e)))
     annotations = meta.get("annotations")
     if isinstance(annotations, dict):
         for k in annotations:
             try:
                 validate_label_key(str(k))
             except SelectorError as e:
-                out.append(invalid_value("metadata.annotations", k, str(e)))
+                out.append(invalid_value(f"{prefix}annotations", k, str(e)))
     return out
 
 
@@ -325,6 +330,176 @@ def _resource_status_causes(entries: list[Any], container: JSON | None, where: s
             if isinstance(rid, str) and rid in seen:
                 out.append(duplicate(f"{here}.resources[{k}].resourceID", rid))
             seen.add(rid)
+    return out
+
+
+# --------------------------------------------------------------------------- pods
+
+#: Upstream's list of what a pod update may change (``ValidatePodUpdate``).
+POD_UPDATABLE_FIELDS = (
+    "`spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,"
+    "`spec.tolerations` (only additions to existing tolerations),"
+    "`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously "
+    "negative)"
+)
+_CONTAINER_LISTS = ("initContainers", "containers")
+
+
+def _pod_claim_causes(spec: JSON, pod_name: Any) -> list[JSON]:
+    """Upstream's ``validatePodResourceClaims`` and the containers' ``resources.claims``."""
+    out: list[JSON] = []
+    names: set[str] = set()
+    for i, claim in enumerate(_list(spec.get("resourceClaims"))):
+        claim, here = _dict(claim), f"spec.resourceClaims[{i}]"
+        name = claim.get("name")
+        if not name:
+            out.append(required(f"{here}.name"))
+        elif name in names:
+            out.append(duplicate(f"{here}.name", name))
+        elif isinstance(name, str):
+            out.extend(dns_label_causes(name, f"{here}.name"))
+            names.add(name)
+        by_name, by_template = (
+            claim.get("resourceClaimName"),
+            claim.get("resourceClaimTemplateName"),
+        )
+        if by_name is not None and by_template is not None:
+            out.append(
+                invalid_value(
+                    here,
+                    claim,
+                    "at most one of `resourceClaimName` or `resourceClaimTemplateName` may be "
+                    "specified",
+                )
+            )
+        elif by_name is None and by_template is None:
+            out.append(
+                invalid_value(
+                    here,
+                    claim,
+                    "must specify one of: `resourceClaimName`, `resourceClaimTemplateName`",
+                )
+            )
+        for key, value in (
+            ("resourceClaimName", by_name),
+            ("resourceClaimTemplateName", by_template),
+        ):
+            if isinstance(value, str):
+                out.extend(_subdomain_causes(value, f"{here}.{key}"))
+    for lst in _CONTAINER_LISTS:
+        for c_i, container in enumerate(_list(spec.get(lst))):
+            refs = _list(_dict(_dict(container).get("resources")).get("claims"))
+            where = f"spec.{lst}[{c_i}].resources.claims"
+            out.extend(_container_claim_causes(refs, names, where))
+    return out
+
+
+def _container_claim_causes(refs: list[Any], names: set[str], where: str) -> list[JSON]:
+    """Upstream's ``validateResourceClaimNames`` for one container."""
+    out: list[JSON] = []
+    seen: set[str] = set()
+    for i, ref in enumerate(refs):
+        ref, here = _dict(ref), f"{where}[{i}]"
+        name, request = ref.get("name"), ref.get("request")
+        if not name:
+            out.append(required(here))
+            continue
+        key = str(name)
+        if request:
+            out.extend(dns_label_causes(str(request), f"{here}.request"))
+            key += f"/{request}"
+        if key in seen:
+            out.append(duplicate(here, key))
+        seen.add(key)
+        if name not in names:
+            detail = "must be one of the names in pod.spec.resourceClaims"
+            detail += ": " + ", ".join(sorted(names)) if names else " which is empty"
+            out.append(not_found(here, name, detail))
+    return out
+
+
+def _without_images(containers: Any, old: Any) -> Any:
+    """``containers`` with each image replaced by the old one of the same index."""
+    if not isinstance(containers, list) or not isinstance(old, list):
+        return containers
+    out = []
+    for i, c in enumerate(containers):
+        if isinstance(c, dict) and i < len(old) and isinstance(old[i], dict):
+            c = {**c, "image": old[i].get("image")}
+        out.append(c)
+    return out
+
+
+def _pod_update_causes(spec: JSON, old_spec: JSON) -> list[JSON]:
+    """Upstream's ``ValidatePodUpdate``: only the listed fields may change.
+
+    One simplification: setting ``spec.nodeName`` on a pod that has none is allowed,
+    because the embedded scheduler binds pods that way (the real one uses the
+    ``binding`` subresource); changing or clearing it is refused as upstream refuses it.
+    """
+    if spec == old_spec:
+        return []
+    out: list[JSON] = []
+    for lst in _CONTAINER_LISTS:
+        new_c, old_c = _list(spec.get(lst)), _list(old_spec.get(lst))
+        if len(new_c) != len(old_c):
+            out.append(forbidden(f"spec.{lst}", "pod updates may not add or remove containers"))
+            return out
+        for i, c in enumerate(new_c):
+            if _dict(c).get("image") in (None, "") and _dict(old_c[i]).get("image"):
+                out.append(required(f"spec.{lst}[{i}].image"))
+    old_tol, new_tol = _list(old_spec.get("tolerations")), _list(spec.get("tolerations"))
+    if any(t not in new_tol for t in old_tol):
+        out.append(
+            forbidden(
+                "spec.tolerations",
+                "existing toleration can not be modified except its tolerationSeconds",
+            )
+        )
+    old_gates = _list(old_spec.get("schedulingGates"))
+    if any(g not in old_gates for g in _list(spec.get("schedulingGates"))):
+        out.append(
+            forbidden(
+                "spec.schedulingGates", "only deletion is allowed, but found new scheduling gate"
+            )
+        )
+    munged = dict(spec)
+    for lst in _CONTAINER_LISTS:
+        if lst in munged or lst in old_spec:
+            munged[lst] = _without_images(spec.get(lst), old_spec.get(lst))
+    for key in ("activeDeadlineSeconds", "tolerations", "schedulingGates"):
+        munged.pop(key, None)
+        if key in old_spec:
+            munged[key] = old_spec[key]
+    grace, old_grace = (
+        spec.get("terminationGracePeriodSeconds"),
+        old_spec.get("terminationGracePeriodSeconds"),
+    )
+    if grace == 1 and isinstance(old_grace, int) and old_grace < 0:
+        munged["terminationGracePeriodSeconds"] = old_grace
+    if not old_spec.get("nodeName") and spec.get("nodeName"):
+        munged.pop("nodeName", None)
+        if "nodeName" in old_spec:
+            munged["nodeName"] = old_spec["nodeName"]
+    if munged != old_spec and not out:
+        changed = sorted(k for k in set(munged) | set(old_spec) if munged.get(k) != old_spec.get(k))
+        diff = "\n".join(
+            f"  spec.{k}: {_show(old_spec.get(k))} -> {_show(munged.get(k))}" for k in changed[:8]
+        )
+        out.append(
+            forbidden(
+                "spec",
+                f"pod updates may not change fields other than {POD_UPDATABLE_FIELDS}\n{diff}",
+            )
+        )
+    return out
+
+
+def _pod_spec_causes(obj: JSON, ctx: _Context) -> list[JSON]:
+    spec = _dict(obj.get("spec"))
+    out = _pod_claim_causes(spec, _dict(obj.get("metadata")).get("name"))
+    if ctx.old is not None:
+        out.extend(_pod_update_causes(spec, _dict(ctx.old.get("spec"))))
     return out
 
 
@@ -451,7 +626,440 @@ def _pdb_causes(obj: JSON, profile: KubeProfile | None) -> list[JSON]:
     return out
 
 
-_KIND_RULES = {  # (group, kind): the rules hold for every version of the kind
+@dataclass(frozen=True, slots=True)
+class _Context:
+    """What a rule may consult besides the object: the release, the stored object (on
+    update) and the object's namespace (for namespaced kinds)."""
+
+    profile: KubeProfile | None
+    old: JSON | None
+    namespace: JSON | None
+
+
+# --------------------------------------------------------------------------- DRA claims
+
+#: Upstream's size limits for a device claim (``pkg/apis/resource/types.go``).
+DEVICE_REQUESTS_MAX = 32
+DEVICE_SELECTORS_MAX = 32
+DEVICE_CONSTRAINTS_MAX = 32
+DEVICE_CONFIG_MAX = 32
+FIRST_AVAILABLE_MAX = 8
+DEVICE_TOLERATIONS_MAX = 16
+OPAQUE_PARAMETERS_MAX_BYTES = 10 * 1024
+DRIVER_NAME_MAX = 63
+ALLOCATION_MODES = ("All", "ExactCount")
+TOLERATION_OPERATORS = ("Equal", "Exists")
+CONFIG_SOURCES = ("FromClaim", "FromClass")
+#: The namespace label that allows admin access to devices.
+ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+_REQUEST_REF_MSG = (
+    "must be the name of a request in the claim or the name of a request and a subrequest "
+    "separated by '/'"
+)
+
+
+def too_many(field: str, n: int, limit: int) -> JSON:
+    return cause("FieldValueTooMany", f"Too many: {n}: must have at most {limit} items", field)
+
+
+def too_long(field: str, limit: int) -> JSON:
+    return cause("FieldValueTooLong", f"Too long: must have at most {limit} bytes", field)
+
+
+def not_found(field: str, value: Any, detail: str) -> JSON:
+    return cause("FieldValueNotFound", f"Not found: {_show(value)}: {detail}", field)
+
+
+def dns_label_causes(value: str, field: str) -> list[JSON]:
+    """Upstream's ``ValidateDNS1123Label`` (request names, pod claim names, device names)."""
+    out = []
+    if len(value) > 63:
+        out.append(invalid_value(field, value, "must be no more than 63 characters"))
+    if not matches_dns_label(value):
+        out.append(invalid_value(field, value, _LABEL_MSG))
+    return out
+
+
+def _subdomain_causes(value: str, field: str) -> list[JSON]:
+    if len(value) > 253:
+        return [invalid_value(field, value, "must be no more than 253 characters")]
+    if not matches_dns_subdomain(value):
+        return [invalid_value(field, value, _SUBDOMAIN_MSG)]
+    return []
+
+
+def _driver_name_causes(value: Any, field: str) -> list[JSON]:
+    """Upstream's ``ValidateCSIDriverName``, which DRA driver names reuse."""
+    if not value:
+        return [required(field)]
+    if not isinstance(value, str):
+        return []
+    out = []
+    if len(value) > DRIVER_NAME_MAX:
+        out.append(too_long(field, DRIVER_NAME_MAX))
+    if not matches_dns_subdomain(value.lower()):
+        out.append(invalid_value(field, value, _SUBDOMAIN_MSG))
+    return out
+
+
+def _selector_causes(selectors: Any, where: str) -> list[JSON]:
+    items = _list(selectors)
+    if len(items) > DEVICE_SELECTORS_MAX:
+        return [too_many(where, len(items), DEVICE_SELECTORS_MAX)]
+    out: list[JSON] = []
+    for j, sel in enumerate(items):
+        cel = _dict(sel).get("cel")
+        if not isinstance(cel, dict):
+            out.append(required(f"{where}[{j}].cel"))
+            continue
+        expression = cel.get("expression")
+        field = f"{where}[{j}].cel.expression"
+        if not isinstance(expression, str) or not expression:
+            out.append(required(field))
+            continue
+        if len(expression.encode()) > MAX_EXPRESSION_LENGTH:
+            out.append(too_long(field, MAX_EXPRESSION_LENGTH))
+            continue
+        try:
+            compile_selector(expression)
+        except CELCompileError as e:
+            out.append(invalid_value(field, expression, str(e)))
+    return out
+
+
+def _toleration_causes(tolerations: Any, where: str) -> list[JSON]:
+    items = _list(tolerations)
+    if len(items) > DEVICE_TOLERATIONS_MAX:
+        return [too_many(where, len(items), DEVICE_TOLERATIONS_MAX)]
+    out: list[JSON] = []
+    for k, tol in enumerate(items):
+        tol, here = _dict(tol), f"{where}[{k}]"
+        key = tol.get("key")
+        if isinstance(key, str) and key:
+            try:
+                validate_label_key(key)
+            except SelectorError as e:
+                out.append(invalid_value(f"{here}.key", key, str(e)))
+        op, value = tol.get("operator") or "Equal", tol.get("value") or ""
+        if op == "Exists":
+            if value:
+                out.append(
+                    invalid_value(f"{here}.value", value, "must be empty for operator `Exists`")
+                )
+        elif op == "Equal":
+            try:
+                validate_label_value(str(value))
+            except SelectorError as e:
+                out.append(invalid_value(f"{here}.value", value, str(e)))
+        else:
+            out.append(unsupported(f"{here}.operator", op, TOLERATION_OPERATORS))
+        effect = tol.get("effect")
+        if effect and effect not in TAINT_EFFECTS:
+            out.append(unsupported(f"{here}.effect", effect, TAINT_EFFECTS))
+    return out
+
+
+def _allocation_mode_causes(req: JSON, where: str) -> list[JSON]:
+    """Upstream's ``validateDeviceAllocationMode`` (after v1 defaulting: mode ExactCount,
+    count 1 when unset or 0)."""
+    mode = req.get("allocationMode") or "ExactCount"
+    count = req.get("count")
+    if mode == "All":
+        if count not in (None, 0):
+            return [
+                invalid_value(
+                    f"{where}.count", count, "must not be specified when allocationMode is 'All'"
+                )
+            ]
+        return []
+    if mode == "ExactCount":
+        if isinstance(count, int) and count < 0:
+            return [invalid_value(f"{where}.count", count, "must be greater than zero")]
+        return []
+    return [unsupported(f"{where}.allocationMode", mode, ALLOCATION_MODES)]
+
+
+def _device_class_ref_causes(name: Any, field: str) -> list[JSON]:
+    if not name:
+        return [required(field)]
+    return _subdomain_causes(name, field) if isinstance(name, str) else []
+
+
+def _exact_causes(req: JSON, where: str) -> list[JSON]:
+    out = _device_class_ref_causes(req.get("deviceClassName"), f"{where}.deviceClassName")
+    out.extend(_selector_causes(req.get("selectors"), f"{where}.selectors"))
+    out.extend(_allocation_mode_causes(req, where))
+    out.extend(_toleration_causes(req.get("tolerations"), f"{where}.tolerations"))
+    return out
+
+
+def _request_causes(req: JSON, where: str) -> list[JSON]:
+    name = req.get("name")
+    out = dns_label_causes(name, f"{where}.name") if isinstance(name, str) else []
+    if not name:
+        out.append(required(f"{where}.name"))
+    exactly, first = req.get("exactly"), _list(req.get("firstAvailable"))
+    if exactly is None and not first:
+        out.append(required(where, "exactly one of `exactly` or `firstAvailable` is required"))
+    elif exactly is not None and first:
+        out.append(
+            invalid_value(
+                where,
+                None,
+                "exactly one of `exactly` or `firstAvailable` is required, but multiple fields "
+                "are set",
+            )
+        )
+    elif first:
+        sub_where = f"{where}.firstAvailable"
+        if len(first) > FIRST_AVAILABLE_MAX:
+            return [*out, too_many(sub_where, len(first), FIRST_AVAILABLE_MAX)]
+        seen: set[Any] = set()
+        for j, sub in enumerate(first):
+            sub, here = _dict(sub), f"{sub_where}[{j}]"
+            sub_name = sub.get("name")
+            if not sub_name:
+                out.append(required(f"{here}.name"))
+            elif isinstance(sub_name, str):
+                out.extend(dns_label_causes(sub_name, f"{here}.name"))
+            out.extend(_exact_causes(sub, here))
+            if sub_name in seen:
+                out.append(duplicate(here, sub_name))
+            seen.add(sub_name)
+    else:
+        out.extend(_exact_causes(_dict(exactly), f"{where}.exactly"))
+    return out
+
+
+def _request_names(devices: JSON) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for req in _list(devices.get("requests")):
+        req = _dict(req)
+        name = req.get("name")
+        if isinstance(name, str):
+            out[name] = {str(_dict(s).get("name")) for s in _list(req.get("firstAvailable"))}
+    return out
+
+
+def _request_ref_causes(refs: Any, where: str, names: dict[str, set[str]]) -> list[JSON]:
+    items = _list(refs)
+    if len(items) > DEVICE_REQUESTS_MAX:
+        return [too_many(where, len(items), DEVICE_REQUESTS_MAX)]
+    out: list[JSON] = []
+    seen: set[Any] = set()
+    for j, ref in enumerate(items):
+        field = f"{where}[{j}]"
+        if not isinstance(ref, str):
+            continue
+        parts = ref.split("/")
+        if len(parts) > 2:
+            out.append(invalid_value(field, ref, _REQUEST_REF_MSG))
+            continue
+        for part in parts:
+            out.extend(dns_label_causes(part, field))
+        known = parts[0] in names and (len(parts) == 1 or parts[1] in names[parts[0]])
+        if not known:
+            out.append(invalid_value(field, ref, _REQUEST_REF_MSG))
+        if ref in seen:
+            out.append(duplicate(field, ref))
+        seen.add(ref)
+    return out
+
+
+def _qualified_name_causes(value: Any, field: str) -> list[JSON]:
+    """Upstream's ``validateFullyQualifiedName``: ``<domain>/<C identifier>``."""
+    if not isinstance(value, str):
+        return []
+    parts = value.split("/")
+    out: list[JSON] = []
+    if len(parts) > 2:
+        return [invalid_value(field, value, "must not contain more than one slash")]
+    ident = parts[-1]
+    if len(parts) == 2:
+        if not parts[0]:
+            out.append(invalid_value(field, "", "the domain must not be empty"))
+        else:
+            out.extend(_driver_name_causes(parts[0], field))
+    if not ident:
+        out.append(invalid_value(field, "", "the name must not be empty"))
+    elif not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", ident):
+        out.append(
+            invalid_value(
+                field,
+                ident,
+                "a valid C identifier must start with alphabetic character or '_', followed "
+                "by a string of alphanumeric characters or '_' (e.g. 'my_name',  or 'MY_NAME',"
+                "  or 'MyName', regex used for validation is '[A-Za-z_][A-Za-z0-9_]*')",
+            )
+        )
+    if len(parts) == 1:
+        out.append(
+            invalid_value(
+                field,
+                value,
+                "a fully qualified name must be a domain and a name separated by a slash",
+            )
+        )
+    return out
+
+
+def _constraint_causes(constraints: Any, where: str, names: dict[str, set[str]]) -> list[JSON]:
+    items = _list(constraints)
+    if len(items) > DEVICE_CONSTRAINTS_MAX:
+        return [too_many(where, len(items), DEVICE_CONSTRAINTS_MAX)]
+    out: list[JSON] = []
+    for i, c in enumerate(items):
+        c, here = _dict(c), f"{where}[{i}]"
+        out.extend(_request_ref_causes(c.get("requests"), f"{here}.requests", names))
+        if c.get("matchAttribute") is not None:
+            out.extend(_qualified_name_causes(c["matchAttribute"], f"{here}.matchAttribute"))
+        elif c.get("distinctAttribute") is not None:
+            out.extend(_qualified_name_causes(c["distinctAttribute"], f"{here}.distinctAttribute"))
+        else:
+            out.append(required(f"{here}.matchAttribute"))
+    return out
+
+
+def _opaque_causes(config: JSON, where: str) -> list[JSON]:
+    opaque = config.get("opaque")
+    if not isinstance(opaque, dict):
+        return [required(f"{where}.opaque")]
+    out = _driver_name_causes(opaque.get("driver"), f"{where}.opaque.driver")
+    params, field = opaque.get("parameters"), f"{where}.opaque.parameters"
+    if params is None:
+        out.append(required(field))
+    elif len(json.dumps(params, separators=(",", ":"))) > OPAQUE_PARAMETERS_MAX_BYTES:
+        out.append(too_long(field, OPAQUE_PARAMETERS_MAX_BYTES))
+    elif not isinstance(params, dict):
+        out.append(
+            cause(
+                "FieldValueInvalid",
+                'Invalid value: "<value omitted>": must be a valid JSON object',
+                field,
+            )
+        )
+    return out
+
+
+def _config_causes(configs: Any, where: str, names: dict[str, set[str]] | None) -> list[JSON]:
+    items = _list(configs)
+    if len(items) > DEVICE_CONFIG_MAX:
+        return [too_many(where, len(items), DEVICE_CONFIG_MAX)]
+    out: list[JSON] = []
+    for i, config in enumerate(items):
+        config, here = _dict(config), f"{where}[{i}]"
+        if names is not None:
+            out.extend(_request_ref_causes(config.get("requests"), f"{here}.requests", names))
+        out.extend(_opaque_causes(config, here))
+    return out
+
+
+def device_claim_causes(devices: Any, where: str) -> list[JSON]:
+    """Upstream's ``validateDeviceClaim`` for a new claim spec's ``devices`` at ``where``."""
+    devices = _dict(devices)
+    requests = _list(devices.get("requests"))
+    if len(requests) > DEVICE_REQUESTS_MAX:
+        return [too_many(f"{where}.requests", len(requests), DEVICE_REQUESTS_MAX)]
+    out: list[JSON] = []
+    seen: set[Any] = set()
+    for i, req in enumerate(requests):
+        here = f"{where}.requests[{i}]"
+        out.extend(_request_causes(_dict(req), here))
+        name = _dict(req).get("name")
+        if name in seen:
+            out.append(duplicate(here, name))
+        seen.add(name)
+    names = _request_names(devices)
+    out.extend(_constraint_causes(devices.get("constraints"), f"{where}.constraints", names))
+    out.extend(_config_causes(devices.get("config"), f"{where}.config", names))
+    return out
+
+
+def _admin_requested(devices: Any) -> int | None:
+    """The index of the first request asking for admin access (only ``exactly`` may)."""
+    for i, req in enumerate(_list(_dict(devices).get("requests"))):
+        if _dict(_dict(req).get("exactly")).get("adminAccess") is True:
+            return i
+    return None
+
+
+def admin_access_causes(devices: Any, namespace: JSON | None) -> list[JSON]:
+    """Upstream's ``AuthorizedForAdmin``: admin access needs the namespace label."""
+    i = _admin_requested(devices)
+    if i is None:
+        return []
+    labels = _dict(_dict(_dict(namespace).get("metadata")).get("labels"))
+    if labels.get(ADMIN_ACCESS_LABEL) == "true":
+        return []
+    return [
+        forbidden(
+            f"spec.devices.requests[{i}].adminAccess",
+            f"admin access to devices requires the `{ADMIN_ACCESS_LABEL}: true` label on the "
+            "containing namespace",
+        )
+    ]
+
+
+def immutable(field: str, value: Any) -> JSON:
+    """Upstream's ``ValidateImmutableField`` cause."""
+    return invalid_value(field, value, "field is immutable")
+
+
+def _claim_causes(obj: JSON, ctx: _Context) -> list[JSON]:
+    spec = _dict(obj.get("spec"))
+    if ctx.old is not None:  # the spec is immutable; nothing else is re-validated
+        old_spec = _dict(ctx.old.get("spec"))
+        return [] if spec == old_spec else [immutable("spec", spec)]
+    out = device_claim_causes(spec.get("devices"), "spec.devices")
+    out.extend(admin_access_causes(spec.get("devices"), ctx.namespace))
+    return out
+
+
+def _claim_template_causes(obj: JSON, ctx: _Context) -> list[JSON]:
+    spec = _dict(obj.get("spec"))
+    if ctx.old is not None:
+        old_spec = _dict(ctx.old.get("spec"))
+        return [] if spec == old_spec else [immutable("spec", spec)]
+    inner = _dict(spec.get("spec"))
+    out = _label_causes(_dict(spec.get("metadata")), "spec.metadata.")
+    out.extend(device_claim_causes(inner.get("devices"), "spec.spec.devices"))
+    out.extend(admin_access_causes(inner.get("devices"), ctx.namespace))
+    return out
+
+
+def _device_class_causes(obj: JSON, ctx: _Context) -> list[JSON]:
+    spec = _dict(obj.get("spec"))
+    old_spec = _dict(_dict(ctx.old).get("spec")) if ctx.old is not None else None
+    out: list[JSON] = []
+    if old_spec is None or old_spec.get("selectors") != spec.get("selectors"):
+        out.extend(_selector_causes(spec.get("selectors"), "spec.selectors"))
+    if old_spec is None or old_spec.get("config") != spec.get("config"):
+        out.extend(_config_causes(spec.get("config"), "spec.config", None))
+    ext = spec.get("extendedResourceName")
+    if isinstance(ext, str) and not _is_extended_resource_name(ext):
+        out.append(
+            invalid_value(
+                "spec.extendedResourceName", ext, "must be a valid extended resource name"
+            )
+        )
+    return out
+
+
+def _is_extended_resource_name(name: str) -> bool:
+    """Upstream's ``IsExtendedResourceName``: qualified, not ``kubernetes.io/``, not
+    ``requests.``-prefixed, and ``requests.<name>`` a valid qualified name."""
+    if "/" not in name or name.startswith("requests.") or "kubernetes.io/" in name:
+        return False
+    try:
+        validate_label_key(name)
+        validate_label_key("requests." + name)
+    except SelectorError:
+        return False
+    return True
+
+
+#: (group, kind): the rules hold for every version of the kind.
+_KIND_RULES: dict[tuple[str, str], Callable[[JSON, KubeProfile | None], list[JSON]]] = {
     ("", "Pod"): _pod_causes,
     ("resource.k8s.io", "DeviceTaintRule"): _device_taint_rule_causes,
     ("resource.k8s.io", "ResourceSlice"): _resource_slice_causes,
@@ -461,10 +1069,47 @@ _KIND_RULES = {  # (group, kind): the rules hold for every version of the kind
 }
 
 
-def object_causes(rt: ResourceType, obj: JSON, profile: KubeProfile | None = None) -> list[JSON]:
+_CONTEXT_RULES: dict[tuple[str, str], Callable[[JSON, _Context], list[JSON]]] = {
+    # rules that need the stored object or the namespace
+    ("", "Pod"): _pod_spec_causes,
+    ("resource.k8s.io", "ResourceClaim"): _claim_causes,
+    ("resource.k8s.io", "ResourceClaimTemplate"): _claim_template_causes,
+    ("resource.k8s.io", "DeviceClass"): _device_class_causes,
+}
+
+_UNKNOWN_FIELD = "unknown field "
+
+
+def is_unknown_field(c: JSON) -> bool:
+    """Whether ``c`` is the schema walk's cause for a field the kind does not have."""
+    return str(c.get("message", "")).startswith(_UNKNOWN_FIELD)
+
+
+def strict_decoding_message(rt: ResourceType, unknown: list[JSON]) -> str:
+    """The real server's 400 message for unknown fields under ``fieldValidation=Strict``:
+    ``Pod in version "v1" cannot be handled as a Pod: strict decoding error: unknown
+    field "spec.foo"`` (every unknown field, comma-separated)."""
+    fields = ", ".join(str(c["message"]) for c in unknown)
+    return (
+        f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: '
+        f"strict decoding error: {fields}"
+    )
+
+
+def object_causes(
+    rt: ResourceType,
+    obj: JSON,
+    profile: KubeProfile | None = None,
+    *,
+    old: JSON | None = None,
+    namespace: JSON | None = None,
+) -> list[JSON]:
     """All validation causes for ``obj`` (an object of kind ``rt``), schema first.
 
-    ``profile`` is the release whose rules apply (None: the newest).
+    ``profile`` is the release whose rules apply (None: the newest); ``old`` the stored
+    object when this is an update (immutability and update rules apply, as the real
+    server's ``ValidateUpdate``); ``namespace`` the object's Namespace, when it has one
+    (admin access to devices depends on its labels).
     """
     out = schema_causes(obj, rt.model)
     meta = _dict(obj.get("metadata"))
@@ -472,7 +1117,12 @@ def object_causes(rt: ResourceType, obj: JSON, profile: KubeProfile | None = Non
     if isinstance(name, str):
         out.extend(name_causes(rt.kind, name))
     out.extend(_label_causes(meta))
+    if any(c["reason"] == "FieldValueTypeInvalid" for c in out):
+        return out[:MAX_CAUSES]
     rule = _KIND_RULES.get((rt.group, rt.kind))
-    if rule is not None and not any(c["reason"] == "FieldValueTypeInvalid" for c in out):
+    if rule is not None:
         out.extend(rule(obj, profile))
+    context_rule = _CONTEXT_RULES.get((rt.group, rt.kind))
+    if context_rule is not None:
+        out.extend(context_rule(obj, _Context(profile, old, namespace)))
     return out[:MAX_CAUSES]

@@ -78,7 +78,8 @@ def test_resource_health_values() -> None:
     obj = {
         "metadata": {"name": "p"},
         "spec": {
-            "containers": [{"name": "c", "resources": {"claims": [{"name": "a", "request": "b"}]}}]
+            "containers": [{"name": "c", "resources": {"claims": [{"name": "a", "request": "b"}]}}],
+            "resourceClaims": [{"name": "a", "resourceClaimName": "a"}],
         },
         "status": {
             "containerStatuses": [
