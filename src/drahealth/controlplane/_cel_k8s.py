@@ -473,8 +473,8 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "isGreaterThan": lambda a, b: _B(_cmp("isGreaterThan", a, b) > 0),
     "isLessThan": lambda a, b: _B(_cmp("isLessThan", a, b) < 0),
     # semver
-    "semver": lambda s, normalize=False: Semver(str(s), bool(normalize)),  # type: ignore[misc]
-    "isSemver": _is(lambda s, normalize=False: Semver(s, bool(normalize))),
+    "semver": lambda s, normalize=False: Semver(str(s), bool(normalize)),
+    "isSemver": _is(Semver),
     "major": _method("major", Semver, lambda v: _I(v.major)),
     "minor": _method("minor", Semver, lambda v: _I(v.minor)),
     "patch": _method("patch", Semver, lambda v: _I(v.patch)),
