@@ -367,8 +367,10 @@ async def test_scheduler_honours_node_taints_and_cordon() -> None:
                 return next((c["message"] for c in conds if c["type"] == "PodScheduled"), "")
 
             text = await eventually(reason, 10, "the pod marked unschedulable")
-            assert "node-a: node is unschedulable (cordoned)" in text
-            assert "node-b: node has the untolerated taint example.com/bad-gpu=:NoSchedule" in text
+            assert text.startswith(
+                "0/2 nodes are available: 1 node(s) had untolerated taint {example.com/bad-gpu: }, "
+                "1 node(s) were unschedulable."
+            ), text
             tolerant = {
                 "metadata": {"name": "tolerant"},
                 "spec": {

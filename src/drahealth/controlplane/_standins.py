@@ -15,7 +15,7 @@ Owns :class:`ReplicaSetStandIn`: keeps ``spec.replicas`` live pods (not ended, n
 being deleted) per ReplicaSet from its template, as the ReplicaSet controller does,
 and writes ``status.replicas`` / ``readyReplicas``.
 
-:class:`StandIns` runs the scheduler stand-in and these two together, following a
+:class:`StandIns` runs the scheduler and resourceclaim stand-ins and these two, following a
 release profile: the eviction stand-in runs only where the release evicts for device
 taints (``DRADeviceTaints``). Stand-ins serve the embedded control plane only; a real
 cluster has the real controllers.
@@ -39,6 +39,7 @@ from lightkube.types import PatchType
 
 from drahealth._aio import cancel_and_wait
 from drahealth.controlplane._allocate import Device, devices_from_slices
+from drahealth.controlplane._claims import ClaimsStandIn
 from drahealth.controlplane._jobs import JobStandIn
 from drahealth.controlplane._loop import reconcile_loop
 from drahealth.controlplane._scheduler import SchedulerStandIn, rule_class, rule_taints
@@ -324,7 +325,8 @@ class ReplicaSetStandIn:
 
 
 class StandIns:
-    """The embedded control plane's controllers: scheduler, taint eviction, ReplicaSets.
+    """The embedded control plane's controllers: scheduler, resourceclaims, taint eviction,
+    ReplicaSets.
 
     ``profile`` is the release the API server serves (None: the newest); without
     ``DRADeviceTaints`` there is no taint eviction (``taint_eviction`` is None).
@@ -334,6 +336,7 @@ class StandIns:
         profile = profile or kube_profile(NEWEST_KUBE_VERSION)
         self.profile = profile
         self.scheduler = SchedulerStandIn(client, profile)
+        self.claims = ClaimsStandIn(client)
         self.taint_eviction: TaintEvictionStandIn | None = (
             TaintEvictionStandIn(client, profile) if profile.taint_eviction else None
         )
@@ -344,6 +347,7 @@ class StandIns:
     async def start(self) -> None:
         self._tasks = [
             asyncio.create_task(self.scheduler.run(), name="scheduler-stand-in"),
+            asyncio.create_task(self.claims.run(), name="resourceclaim-stand-in"),
             asyncio.create_task(self.replicasets.run(), name="replicaset-stand-in"),
             asyncio.create_task(self.jobs.run(), name="job-stand-in"),
         ]

@@ -112,7 +112,7 @@ def test_taint_effects_per_release(
 
 def test_node_misfit_is_core_taint_toleration() -> None:
     node = {"spec": {"taints": [{"key": "k", "value": "v", "effect": "NoSchedule"}]}}
-    assert node_misfit(node, {"spec": {}}) == "node has the untolerated taint k=v:NoSchedule"
+    assert node_misfit(node, {"spec": {}}) == "node(s) had untolerated taint {k: v}"
     for tol in (
         {"key": "k", "operator": "Exists"},
         {"operator": "Exists"},
@@ -128,7 +128,7 @@ def test_node_misfit_is_core_taint_toleration() -> None:
     soft = {"spec": {"taints": [{"key": "k", "effect": "PreferNoSchedule"}]}}
     assert node_misfit(soft, {"spec": {}}) is None
     cordoned = {"spec": {"unschedulable": True}}
-    assert node_misfit(cordoned, {"spec": {}}) == "node is unschedulable (cordoned)"
+    assert node_misfit(cordoned, {"spec": {}}) == "node(s) were unschedulable"
     tol = {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}
     assert node_misfit(cordoned, {"spec": {"tolerations": [tol]}}) is None
 
