@@ -207,7 +207,7 @@ BASE_RESOURCES: tuple[ResourceType, ...] = (
         apps_v1.ReplicaSet,
         short_names=("rs",),
         categories=("all",),
-        subresources=("status",),
+        subresources=("status", "scale"),
     ),
     ResourceType(
         "batch",
@@ -304,6 +304,18 @@ def _api_resources(rt: ResourceType) -> list[JSON]:
                     "verbs": ["create"],
                 }
             )
+        elif sub == "scale":
+            out.append(
+                {
+                    "name": f"{rt.plural}/scale",
+                    "singularName": "",
+                    "namespaced": rt.namespaced,
+                    "group": "autoscaling",
+                    "version": "v1",
+                    "kind": "Scale",
+                    "verbs": list(SUB_VERBS),
+                }
+            )
         else:
             out.append(
                 {
@@ -348,6 +360,14 @@ def _aggregated_resource(rt: ResourceType) -> JSON:
                     "subresource": "eviction",
                     "responseKind": {"group": "policy", "version": "v1", "kind": "Eviction"},
                     "verbs": ["create"],
+                }
+            )
+        elif sub == "scale":
+            subs.append(
+                {
+                    "subresource": "scale",
+                    "responseKind": {"group": "autoscaling", "version": "v1", "kind": "Scale"},
+                    "verbs": list(SUB_VERBS),
                 }
             )
         else:

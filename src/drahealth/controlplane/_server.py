@@ -575,6 +575,8 @@ class APIServer:
                 raise _method_not_allowed()
             self.engine.evict(ns, name, await self._body(request), opts)
             return _respond(_status.status(201, ""), 201)
+        if sub == "scale":
+            return await self._scale(request, rt, ns, name, opts)
         if method == "GET":
             if name is None:
                 labels, fields = self._selectors(request, rt)
@@ -635,6 +637,37 @@ class APIServer:
                 items = self.engine.delete_collection(rt, ns, labels, fields, opts)
                 return _respond(self._list_body(rt, items))
             return _respond(_as_version(rt, self.engine.delete(rt, ns, name, options, opts)))
+        raise _method_not_allowed()
+
+    async def _scale(
+        self,
+        request: web.Request,
+        rt: ResourceType,
+        ns: str | None,
+        name: str | None,
+        opts: WriteOptions,
+    ) -> web.Response:
+        """The ``scale`` subresource: an ``autoscaling/v1`` Scale (get, update, patch)."""
+        if name is None:
+            raise _method_not_allowed()
+        if request.method == "GET":
+            return _respond(self.engine.scale(rt, ns, name))
+        if request.method == "PUT":
+            self._require_body_type(request)
+            body = await self._body(request)
+            return _respond(self.engine.update_scale(rt, ns, name, body, opts))
+        if request.method == "PATCH":
+            ptype = request.content_type
+            if ptype not in PATCH_TYPES or ptype == APPLY:
+                raise APIError(
+                    _status.status(
+                        415,
+                        f"the body of the request was in an unknown format - accepted media "
+                        f"types include: {', '.join(p for p in PATCH_TYPES if p != APPLY)}",
+                    )
+                )
+            body = await self._body(request)
+            return _respond(self.engine.patch_scale(rt, ns, name, ptype, body, opts))
         raise _method_not_allowed()
 
     @staticmethod

@@ -13,7 +13,8 @@ serves; their ``status`` is written only where the release has it (1.35+).
 
 Owns :class:`ReplicaSetStandIn`: keeps ``spec.replicas`` live pods (not ended, not
 being deleted) per ReplicaSet from its template, as the ReplicaSet controller does,
-and writes ``status.replicas`` / ``readyReplicas``.
+and writes its status (``replicas``, ``fullyLabeledReplicas``, ``readyReplicas``,
+``availableReplicas`` after ``minReadySeconds``, ``observedGeneration``).
 
 :class:`StandIns` runs the scheduler and resourceclaim stand-ins and these two, following a
 release profile: the eviction stand-in runs only where the release evicts for device
@@ -28,6 +29,7 @@ import contextlib
 import datetime
 import logging
 import secrets
+import time
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
@@ -272,6 +274,45 @@ def _owned_by(pod: JSON, owner: JSON) -> bool:
     )
 
 
+def _ready_since(pod: JSON) -> float | None:
+    """When the pod became ready (epoch seconds; 0 when unknown), None if it is not."""
+    status = pod.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "Ready":
+            if cond.get("status") != "True":
+                return None
+            try:
+                when = datetime.datetime.fromisoformat(str(cond.get("lastTransitionTime")))
+            except ValueError:
+                return 0.0
+            return when.timestamp()
+    return 0.0 if status.get("phase") == "Running" else None
+
+
+def _replica_status(rs: JSON, live: list[JSON]) -> JSON:
+    """The ReplicaSet controller's counts: replicas, pods whose labels carry all of the
+    template's, ready pods, pods ready for ``minReadySeconds``, the generation seen."""
+    spec = rs.get("spec") or {}
+    template = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
+    min_ready = int(spec.get("minReadySeconds") or 0)
+    now = time.time()
+    labeled = ready = available = 0
+    for pod in live:
+        labels = pod["metadata"].get("labels") or {}
+        labeled += all(labels.get(k) == v for k, v in template.items())
+        since = _ready_since(pod)
+        if since is not None:
+            ready += 1
+            available += min_ready == 0 or since + min_ready <= now
+    return {
+        "replicas": len(live),
+        "fullyLabeledReplicas": labeled,
+        "readyReplicas": ready,
+        "availableReplicas": available,
+        "observedGeneration": rs["metadata"].get("generation", 1),
+    }
+
+
 class ReplicaSetStandIn:
     """See the module docstring; ``run()`` until cancelled."""
 
@@ -298,8 +339,7 @@ class ReplicaSetStandIn:
                     await self.client.delete(
                         Pod, extra["metadata"]["name"], namespace=meta["namespace"]
                     )
-            ready = sum(1 for p in live if (p.get("status") or {}).get("phase") == "Running")
-            status = {"replicas": min(len(live), want), "readyReplicas": ready}
+            status = _replica_status(rs, live[:want])
             if {k: (rs.get("status") or {}).get(k) for k in status} != status:
                 with contextlib.suppress(ApiError):
                     await self.client.patch(

@@ -173,6 +173,27 @@ def _selector(obj: JSON) -> str:
     return ",".join(parts) or "<none>"
 
 
+def format_label_selector(selector: Any, none: str = "<none>") -> str:
+    """A LabelSelector as upstream prints it (``FormatLabelSelector``): requirements
+    sorted by key and joined by ``,``; ``none`` for an empty or missing selector."""
+    if not isinstance(selector, dict):
+        return none
+    parts = [(str(k), f"{k}={v}") for k, v in (selector.get("matchLabels") or {}).items()]
+    for expr in selector.get("matchExpressions") or []:
+        key, op = str(expr.get("key", "")), str(expr.get("operator"))
+        values = ",".join(sorted(str(v) for v in expr.get("values") or []))
+        forms = {"In": f"{key} in ({values})", "NotIn": f"{key} notin ({values})"}
+        forms |= {"Exists": key, "DoesNotExist": f"!{key}"}
+        parts.append((key, forms.get(op, key)))
+    return ",".join(text for _, text in sorted(parts)) or none
+
+
+def _template_field(obj: JSON, field: str) -> str:
+    """``field`` of each container of a workload's pod template, ``,``-joined."""
+    containers = _get(obj, "spec", "template", "spec", "containers", default=[]) or []
+    return ",".join(str(c.get(field, "")) for c in containers if isinstance(c, dict))
+
+
 _NAME: Column = ("Name", "string", lambda o: _get(o, "metadata", "name"), 0)
 _AGE: Column = ("Age", "string", _age, 0)
 
@@ -221,6 +242,21 @@ _COLUMNS: dict[tuple[str, str], list[Column]] = {
         ("Containers", "string", lambda o: _containers(o, "name"), 1),
         ("Images", "string", lambda o: _containers(o, "image"), 1),
         ("Selector", "string", _selector, 1),
+    ],
+    ("apps", "ReplicaSet"): [
+        _NAME,
+        ("Desired", "integer", lambda o: _get(o, "spec", "replicas", default=1), 0),
+        ("Current", "integer", lambda o: _get(o, "status", "replicas", default=0) or 0, 0),
+        ("Ready", "integer", lambda o: _get(o, "status", "readyReplicas", default=0) or 0, 0),
+        _AGE,
+        ("Containers", "string", lambda o: _template_field(o, "name"), 1),
+        ("Images", "string", lambda o: _template_field(o, "image"), 1),
+        (
+            "Selector",
+            "string",
+            lambda o: format_label_selector(_get(o, "spec", "selector", default=None)),
+            1,
+        ),
     ],
     ("coordination.k8s.io", "Lease"): [
         _NAME,
