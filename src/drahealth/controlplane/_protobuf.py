@@ -3,12 +3,13 @@
 kubectl's typed clients (``kubectl create namespace``, ``create configmap``,
 ``drain``'s evictions) send ``application/vnd.kubernetes.protobuf`` bodies: the magic
 ``k8s\\x00`` followed by a ``runtime.Unknown`` envelope. This module turns those into
-the JSON dicts the rest of the server uses, for Namespace, ConfigMap and Eviction
-(with ObjectMeta and DeleteOptions). Other kinds raise ``UnsupportedKind`` (the server
-answers 415); a malformed message (truncated, invalid UTF-8 in a string, a timestamp
-outside 0001-9999) raises ``ProtobufError`` naming the field (400). Responses are
-always JSON: clients list ``application/json`` as an acceptable alternative. Field
-numbers follow k8s.io/api ``generated.proto``.
+the JSON dicts the rest of the server uses, for Namespace, ConfigMap, Eviction (with
+ObjectMeta and DeleteOptions) and SelfSubjectAccessReview (``kubectl auth can-i``).
+Other kinds raise ``UnsupportedKind`` (the server answers 415); a malformed message
+(truncated, invalid UTF-8 in a string, a timestamp outside 0001-9999) raises
+``ProtobufError`` naming the field (400). Responses are always JSON: clients list
+``application/json`` as an acceptable alternative. Field numbers follow k8s.io/api
+``generated.proto``.
 """
 
 from __future__ import annotations
@@ -82,6 +83,25 @@ _SCHEMAS: dict[str, Schema] = {
     },
     "Preconditions": {1: ("uid", "str", None, False), 2: ("resourceVersion", "str", None, False)},
     "MapEntry": {1: ("key", "str", None, False), 2: ("value", "bytes", None, False)},
+    # authorization/v1 (``kubectl auth can-i``); selector attributes are left out.
+    "SelfSubjectAccessReview": {
+        1: ("metadata", "msg", "ObjectMeta", False),
+        2: ("spec", "msg", "SelfSubjectAccessReviewSpec", False),
+    },
+    "SelfSubjectAccessReviewSpec": {
+        1: ("resourceAttributes", "msg", "ResourceAttributes", False),
+        2: ("nonResourceAttributes", "msg", "NonResourceAttributes", False),
+    },
+    "ResourceAttributes": {
+        1: ("namespace", "str", None, False),
+        2: ("verb", "str", None, False),
+        3: ("group", "str", None, False),
+        4: ("version", "str", None, False),
+        5: ("resource", "str", None, False),
+        6: ("subresource", "str", None, False),
+        7: ("name", "str", None, False),
+    },
+    "NonResourceAttributes": {1: ("path", "str", None, False), 2: ("verb", "str", None, False)},
 }
 
 _KINDS = {
@@ -89,6 +109,7 @@ _KINDS = {
     ("v1", "Namespace"),
     ("policy/v1", "Eviction"),
     ("policy/v1beta1", "Eviction"),
+    ("authorization.k8s.io/v1", "SelfSubjectAccessReview"),
 }
 
 
@@ -192,6 +213,8 @@ def _message(buf: bytes, schema_name: str) -> JSON:
                 raise ProtobufError(f"{name}: expected length-delimited data")
             if kind == "str":
                 decoded = _text(value, name)
+                if not decoded and not repeated:
+                    continue  # Go writes unset strings as empty: the same as absent
             elif kind == "bytes":
                 decoded = value
             elif kind == "time":
@@ -215,7 +238,8 @@ def decode(body: bytes) -> JSON:
     api_version, kind = str(meta.get("apiVersion", "")), str(meta.get("kind", ""))
     if (api_version, kind) not in _KINDS:
         raise UnsupportedKind(
-            f"protobuf bodies are supported for ConfigMap, Namespace and Eviction only, "
+            "protobuf bodies are supported for ConfigMap, Namespace, Eviction and "
+            "SelfSubjectAccessReview only, "
             f"not {api_version} {kind}; send application/json"
         )
     raw = envelope.get("raw", b"")
