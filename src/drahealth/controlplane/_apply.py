@@ -15,6 +15,10 @@ Simplifications against the real structured-merge-diff:
   removed when the applier stops applying them;
 - an applier's Apply and Update entries are separate, and the applier never
   conflicts with itself.
+
+As upstream, ``kubectl apply --server-side`` (manager ``kubectl``) over an object that
+``kubectl apply`` managed client-side takes over, without conflict, the fields of the
+last-applied annotation that still hold their applied value.
 """
 
 from __future__ import annotations
@@ -395,6 +399,41 @@ def track_update(
     return new
 
 
+#: The annotation ``kubectl apply`` (client-side) records the applied configuration in.
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+#: The only manager whose Apply takes over client-side applied fields (``kubectl apply
+#: --server-side``'s default; another manager name opts out, as upstream).
+KUBECTL_APPLY_MANAGER = "kubectl"
+
+
+def _last_applied_fields(
+    live: JSON, api_version: str, has_status: bool, keys: KeyFn, sets: SetFn, index: Index
+) -> set[FieldPath]:
+    """The leaves of the live object's last-applied configuration that still hold the
+    live value (upstream's lastAppliedManager: the fields client-side apply set and
+    nobody changed since); empty without a usable annotation of the same version."""
+    raw = ((live.get("metadata") or {}).get("annotations") or {}).get(LAST_APPLIED)
+    if not raw:
+        return set()
+    try:
+        last = json.loads(raw)
+    except ValueError:
+        return set()
+    if not isinstance(last, dict) or last.get("apiVersion") != api_version:
+        return set()
+    last.get("metadata", {}).pop("managedFields", None)
+    try:
+        paths = leaves(field_set(ownable(last, has_status, None), keys, sets))
+    except (AttributeError, TypeError, ValueError):
+        return set()
+    out = set()
+    for p in paths:
+        found, have = get_at(live, p, index)
+        if found and get_at(last, p)[1] == have:
+            out.add(p)
+    return out
+
+
 def apply(
     live: JSON,
     applied: JSON,
@@ -426,6 +465,13 @@ def apply(
             found, have = get_at(live, p, index)
             if found and get_at(body, p, index)[1] != have:
                 conflicts.append((e, p))
+    if conflicts and not force and manager == KUBECTL_APPLY_MANAGER:
+        allowed = _last_applied_fields(live, api_version, has_status, keys, sets, index)
+        left = [(e, p) for e, p in conflicts if p not in allowed]
+        if left:
+            conflicts = left
+        else:
+            force = True  # the client-side applier's fields pass to kubectl's Apply
     if conflicts and not force:
         raise ApplyConflict([Conflict(e.manager, e.api_version, p) for e, p in conflicts])
     for e, p in conflicts:
