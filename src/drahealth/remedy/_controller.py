@@ -60,7 +60,7 @@ from typing import Any
 import aiohttp
 from lightkube import ApiError, AsyncClient
 from lightkube.models.core_v1 import ObjectReference
-from lightkube.resources.core_v1 import ConfigMap, Pod
+from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 from lightkube.types import PatchType
 
 from drahealth._aio import cancel_and_wait
@@ -194,6 +194,8 @@ class RemediationController:
         self.slices: Reflector[Any] | None = None
         self.rules: Reflector[Any] | None = None
         self._rule_cls: Any = None
+        #: uid of each object Events were recorded about, by (kind, namespace, name).
+        self._uids: dict[tuple[str, str, str], str] = {}
         self._rules_api = "resource.k8s.io/v1"
         self.health: Reflector[ConfigMap] = Reflector(
             client,
@@ -927,7 +929,29 @@ class RemediationController:
         except ApiError as exc:
             log.warning("writing the remediation history failed: %s", exc.status.message)
 
+    async def _involved_uid(self, ref: ObjectReference) -> None:
+        """Fill ``ref.uid`` (kubectl describe selects an object's Events by it): from the
+        object, or the uid last seen for it when it is gone (a deleted rule)."""
+        ident = (ref.kind or "", ref.namespace or "", ref.name or "")
+        cls = {"Node": Node, "ConfigMap": ConfigMap, "DeviceTaintRule": self._rule_cls}.get(
+            ident[0]
+        )
+        if cls is not None and ref.name:
+            try:
+                obj = await self.client.get(cls, ref.name, namespace=ref.namespace)
+                uid = getattr(obj.metadata, "uid", None)
+                if uid:
+                    self._uids.pop(ident, None)
+                    self._uids[ident] = uid
+                    while len(self._uids) > MAX_WARNED:
+                        del self._uids[next(iter(self._uids))]
+            except ApiError as exc:
+                log.debug("uid of %s/%s for its event: %s", ident[0], ident[2], exc.status.message)
+        ref.uid = self._uids.get(ident)
+
     async def _event(self, ref: ObjectReference, kind: str, reason: str, message: str) -> None:
+        if not ref.uid:
+            await self._involved_uid(ref)
         event = make_event(
             name=f"{ref.name}.{uuid.uuid4().hex[:16]}",
             namespace=ref.namespace or self.namespace,
