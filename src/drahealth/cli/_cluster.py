@@ -122,6 +122,7 @@ class LocalCluster:
                 "agent", "--mode", "kubelet", "--node-name", node.name,
                 "--registry-dir", str(node.base / "reg"), "--state-dir", str(node.base / "agent"),
                 "--kubeconfig", str(self.kubeconfig), "--restart-grace", "3",
+                "--cdi-dir", str(node.base / "cdi"),
                 "--kube-version", self.profile.version, "--feature-gates", gates,
             ])  # fmt: skip
         deadline = time.monotonic() + timeout

@@ -131,6 +131,13 @@ __all__ = ["agent_command"]
     show_default=True,
     help="Observer mode: seconds between PodResources List calls.",
 )
+@click.option(
+    "--cdi-dir",
+    "cdi_dirs",
+    multiple=True,
+    help="Kubelet mode: a directory of CDI spec files (repeatable) [default: /etc/cdi and "
+    "/var/run/cdi].",
+)
 @click.option("--resync-interval", type=click.FloatRange(min=0.1), default=60.0, hidden=True)
 @click.option("--probe-interval", type=click.FloatRange(min=0.05), default=10.0, hidden=True)
 @API_CHECK_INTERVAL
@@ -153,6 +160,7 @@ def agent_command(
     allowed_uids: tuple[int, ...],
     podresources_socket: str,
     podresources_interval: float,
+    cdi_dirs: tuple[str, ...],
     resync_interval: float,
     probe_interval: float,
     api_check_interval: float,
@@ -182,6 +190,7 @@ def agent_command(
             podresources_interval=podresources_interval,
             resync_interval=resync_interval,
             probe_interval=probe_interval,
+            cdi_dirs=[os.path.abspath(d) for d in cdi_dirs] or AgentConfig.cdi_dirs,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc

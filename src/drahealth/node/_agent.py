@@ -157,6 +157,9 @@ class NodeAgent:
                 self.events,
                 resync_interval=self.config.resync_interval,
                 on_status_written=self.metrics.observe_latency,
+                cdi_dirs=c.cdi_dirs,
+                kube_version=c.kube_version,
+                storage_dir=c.state_dir,
             )
         else:
             from drahealth.node._observer import ObserverMode

@@ -74,6 +74,8 @@ class AgentConfig:
     podresources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
     #: Observer mode: how often PodResources is listed.
     podresources_interval: float = 5.0
+    #: Kubelet mode: where the CDI spec files of prepared devices are read (container env).
+    cdi_dirs: Sequence[str] = ("/etc/cdi", "/var/run/cdi")
     #: Namespace of the per-node ConfigMaps (device health; observer mode: post-mortem).
     postmortem_namespace: str = "default"
 

@@ -19,6 +19,16 @@ Owns the pod lifecycle a kubelet runs for DRA on the embedded control plane:
   :class:`~drahealth.core._status.StatusBuilder` and sends a merge patch only when it
   differs, up to ``STATUS_WRITERS`` pods at once.
 
+* the node: registration, conditions and Lease heartbeats
+  (:class:`~drahealth.node._nodestatus.NodeRegistrar`), with the ``/containerLogs``
+  endpoint (:class:`~drahealth.node._logserver.ContainerLogServer`) whose port the Node
+  records;
+* the containers: once its claims are prepared a pod's containers run in the simulated
+  runtime (:class:`~drahealth.node._pods.PodRun`: init containers, restarts, phase
+  Succeeded/Failed), with the environment the driver's CDI specs inject; a pod with a
+  ``deletionTimestamp`` gets SIGTERM and ``deletionGracePeriodSeconds`` before it is
+  killed, its final status written and the pod deleted.
+
 It does not allocate (claims must already carry ``status.allocation``) and does not
 check ``status.reservedFor``. Knows nothing of plugin sockets (the registry does).
 """
@@ -28,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
@@ -36,7 +46,6 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 
 from drahealth._aio import cancel_and_wait
-from drahealth._time import now_rfc3339
 from drahealth.core import (
     ClaimInfo,
     HealthChange,
@@ -51,7 +60,10 @@ from drahealth.node._events import (
     REASON_PREPARE_FAILED_PERMANENT,
     EventRecorder,
 )
+from drahealth.node._logserver import ContainerLogServer
+from drahealth.node._nodestatus import NodeRegistrar
 from drahealth.node._pipeline import HealthPipeline
+from drahealth.node._pods import BACKOFF, CDI_DIRS, PodRun, cdi_env, pod_env
 from drahealth.node._registry import PluginRegistry
 
 __all__ = ["KubeletMode"]
@@ -89,6 +101,11 @@ class KubeletMode:
         retry_initial: float = 0.2,
         retry_max: float = 10.0,
         on_status_written: Callable[[float], None] | None = None,
+        cdi_dirs: Sequence[str] = CDI_DIRS,
+        kube_version: str = "",
+        storage_dir: str = ".",
+        restart_backoff: tuple[float, float] = BACKOFF,
+        heartbeat: tuple[float, float] = (10.0, 300.0),
     ) -> None:
         self.client = client
         self.node = node_name
@@ -115,10 +132,30 @@ class KubeletMode:
         self._pod_tasks: set[asyncio.Task[None]] = set()
         self.status_patches = 0
         self.prepare_failures = 0
+        self.cdi_dirs = tuple(cdi_dirs)
+        self.restart_backoff = restart_backoff
+        self.runs: dict[str, PodRun] = {}
+        self._terminating: set[str] = set()
+        self.log_server = ContainerLogServer(self.container_log)
+        self._heartbeat = heartbeat
+        self._kube_version = kube_version or "1.0"
+        self._storage_dir = storage_dir
+        self.registrar: NodeRegistrar | None = None
 
     # -- lifecycle ---------------------------------------------------------------
 
     async def start(self) -> None:
+        await self.log_server.start()
+        self.registrar = NodeRegistrar(
+            self.client,
+            self.node,
+            kubelet_port=self.log_server.port,
+            kube_version=self._kube_version,
+            storage_dir=self._storage_dir,
+            lease_renew=self._heartbeat[0],
+            status_report=self._heartbeat[1],
+        )
+        await self.registrar.start()
         self.pods.add_handler(self._on_pod_event)
         self.pipeline.add_listener(self._on_health_changes)
         await self.pods.start()
@@ -138,8 +175,22 @@ class KubeletMode:
     async def stop(self) -> None:
         await cancel_and_wait([*self._tasks, *self._pod_tasks])
         self._tasks = []
+        for run in list(self.runs.values()):
+            await run.kill()
+        if self.registrar is not None:
+            await self.registrar.stop()
+        await self.log_server.stop()
         await self.pods.stop()
         await self.events.drain()
+
+    def container_log(self, namespace: str, pod: str, container: str, previous: bool) -> bytes:
+        """A container's output (the ``/containerLogs`` source)."""
+        found = self.pods.store.get(namespace, pod)
+        run = self.runs.get(self._uid(found)) if found is not None else None
+        if run is None:
+            raise LookupError(f'pod "{pod}" in namespace "{namespace}" has no containers '
+                              "running on this node")  # fmt: skip
+        return run.logs(container, previous)
 
     # -- inputs ------------------------------------------------------------------
 
@@ -220,6 +271,10 @@ class KubeletMode:
             elif (pod.get("status") or {}).get("phase") in _ENDED:
                 await self._release_pod(uid, deleted=False)
                 self._mark_status(uid)
+                if (pod.get("metadata") or {}).get("deletionTimestamp"):
+                    await self._delete_pod(pod)
+            elif (pod.get("metadata") or {}).get("deletionTimestamp"):
+                self._start_termination(uid, pod)
             else:
                 await self._run_pod(pod)
             self._backoff.pop(uid, None)
@@ -253,6 +308,9 @@ class KubeletMode:
                 await self._unprepare(tracked.info)
                 self.tracker.unprepared(tracked.info.uid)
         if deleted:
+            run = self.runs.pop(uid, None)
+            if run is not None:
+                await run.kill()
             self.tracker.forget_pod(uid)
             self._by_uid.pop(uid, None)
             self._status_dirty.pop(uid, None)
@@ -278,11 +336,72 @@ class KubeletMode:
             if name is None:
                 raise _Retry(f"claim {ref.get('name')!r} has no ResourceClaim name yet")
             await self._prepare_claim(pod, namespace, name, prepared)
-        status = pod.get("status") or {}
-        if status.get("phase") != "Running":
-            await self._set_running(pod)
-        else:
-            self._mark_status(uid)
+        if uid not in self.runs:
+            run = PodRun(
+                pod,
+                lambda c: self._container_env(pod, c),
+                lambda: self._mark_status(uid),
+                backoff=self.restart_backoff,
+            )
+            self.runs[uid] = run
+            run.start()
+        self._mark_status(uid)
+
+    def _container_env(self, pod: JSON, container: JSON) -> dict[str, str]:
+        """The container's environment: its own, then what the CDI specs of its claims'
+        devices inject (only the requests it names, when it names one)."""
+        env = pod_env(pod, container)
+        namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+        ids: list[str] = []
+        for ref in (container.get("resources") or {}).get("claims") or []:
+            name = resolve_claim_name(pod, str(ref.get("name", "")))
+            info = self.tracker.lookup(namespace, name) if name else None
+            if info is None:
+                continue
+            request = ref.get("request")
+            for device in info.devices:
+                if (
+                    request
+                    and request not in device.request_names
+                    and not any(r.split("/", 1)[0] == request for r in device.request_names)
+                ):
+                    continue
+                ids.extend(device.cdi_device_ids)
+        env.update(cdi_env(self.cdi_dirs, ids))
+        return env
+
+    def _start_termination(self, uid: str, pod: JSON) -> None:
+        """A pod marked for deletion: SIGTERM, the grace period, the final status, then
+        the pod is deleted (as the kubelet does once its containers are gone)."""
+        if uid in self._terminating:
+            return
+        self._terminating.add(uid)
+        meta = pod.get("metadata") or {}
+        grace = meta.get("deletionGracePeriodSeconds")
+        if grace is None:
+            grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+
+        async def terminate() -> None:
+            run = self.runs.get(uid)
+            if run is not None:
+                await run.terminate(float(grace or 0))
+                await self._write_status(uid, time.monotonic())
+            else:
+                await self._delete_pod(pod)
+
+        task = asyncio.create_task(terminate(), name=f"terminate-{uid}")
+        self._pod_tasks.add(task)
+        task.add_done_callback(self._pod_tasks.discard)
+
+    async def _delete_pod(self, pod: JSON) -> None:
+        meta = pod.get("metadata") or {}
+        try:
+            await self.client.delete(
+                Pod, str(meta.get("name")), namespace=meta.get("namespace"), grace_period=0
+            )
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
 
     async def _prepare_claim(
         self, pod: JSON, namespace: str, name: str, prepared: set[str]
@@ -341,56 +460,6 @@ class KubeletMode:
             namespace=meta.get("namespace"),
         )  # fmt: skip
 
-    async def _set_running(self, pod: JSON) -> None:
-        meta = pod.get("metadata") or {}
-        spec = pod.get("spec") or {}
-        uid = str(meta.get("uid"))
-        now = now_rfc3339()
-        running = {"running": {"startedAt": now}}
-
-        def container_status(c: JSON, *, init: bool) -> JSON:
-            sidecar = init and c.get("restartPolicy") == "Always"
-            done = init and not sidecar
-            state = (
-                {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now,
-                                "finishedAt": now}}
-                if done else running
-            )  # fmt: skip
-            return {
-                "name": c.get("name"),
-                "image": c.get("image", ""),
-                "imageID": "",
-                "containerID": f"drahealth://{uid}/{c.get('name')}",
-                "ready": not done,
-                "started": not done,
-                "restartCount": 0,
-                "state": state,
-            }
-
-        status: JSON = {
-            "phase": "Running",
-            "startTime": now,
-            "conditions": [
-                {"type": t, "status": "True", "lastTransitionTime": now}
-                for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
-            ],
-            "containerStatuses": [
-                container_status(c, init=False) for c in spec.get("containers") or []
-            ],
-        }
-        if spec.get("initContainers"):
-            status["initContainerStatuses"] = [
-                container_status(c, init=True) for c in spec["initContainers"]
-            ]
-        draft = dict(pod)
-        draft["status"] = {**(pod.get("status") or {}), **status}
-        status.update(self.builder.apply(draft, self.tracker.lookup, self.pipeline.cache.get))
-        await patch_status(
-            self.client, Pod, str(meta.get("name")), {"status": status},
-            namespace=meta.get("namespace"),
-        )  # fmt: skip
-        self.status_patches += 1
-
     # -- status writer -----------------------------------------------------------
 
     def _mark_status(self, uid: str) -> None:
@@ -425,10 +494,16 @@ class KubeletMode:
         if pod is None:
             return
         status = pod.get("status") or {}
-        if not status.get("containerStatuses") and not status.get("initContainerStatuses"):
-            return  # not started yet: _set_running writes the first status
-        lists = self.builder.apply(pod, self.tracker.lookup, self.pipeline.cache.get)
-        patch = {k: v for k, v in lists.items() if v != status.get(k)}
+        run = self.runs.get(uid)
+        if run is None:
+            if not status.get("containerStatuses") and not status.get("initContainerStatuses"):
+                return  # not started yet: the pod's run writes the first status
+            desired = dict(status)
+        else:
+            desired = {**status, **run.status()}
+        draft = {**pod, "status": desired}
+        desired.update(self.builder.apply(draft, self.tracker.lookup, self.pipeline.cache.get))
+        patch = {k: v for k, v in desired.items() if v != status.get(k)}
         if not patch:
             return
         meta = pod.get("metadata") or {}
