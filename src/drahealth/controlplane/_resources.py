@@ -174,7 +174,7 @@ BASE_RESOURCES: tuple[ResourceType, ...] = (
         core_v1.Pod,
         short_names=("po",),
         categories=("all",),
-        subresources=("status", "eviction"),
+        subresources=("status", "eviction", "log"),
         field_selectors=(
             "spec.nodeName",
             "spec.restartPolicy",
@@ -323,7 +323,7 @@ def _api_resources(rt: ResourceType) -> list[JSON]:
                     "singularName": "",
                     "namespaced": rt.namespaced,
                     "kind": rt.kind,
-                    "verbs": list(SUB_VERBS),
+                    "verbs": ["get"] if sub == "log" else list(SUB_VERBS),
                 }
             )
     return out
@@ -371,7 +371,8 @@ def _aggregated_resource(rt: ResourceType) -> JSON:
                 }
             )
         else:
-            subs.append({"subresource": sub, "responseKind": kind, "verbs": list(SUB_VERBS)})
+            verbs = ["get"] if sub == "log" else list(SUB_VERBS)
+            subs.append({"subresource": sub, "responseKind": kind, "verbs": verbs})
     if subs:
         out["subresources"] = subs
     return out

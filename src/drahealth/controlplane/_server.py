@@ -35,6 +35,7 @@ from drahealth.core import NEWEST_KUBE_VERSION, KubeProfile, kube_profile
 from . import _decode, _protobuf, _resources, _status
 from ._engine import APPLY, NAMESPACES, PATCH_TYPES, Engine, WriteOptions
 from ._openapi import V2_PROTOBUF
+from ._podlog import pod_log
 from ._protobuf import ProtobufError, UnsupportedKind
 from ._resources import ResourceType
 from ._selectors import (
@@ -570,6 +571,17 @@ class APIServer:
             if not isinstance(body, dict):
                 raise _status.bad_request("the request body must be a JSON object")
             return _respond(self.engine.access_review(rt, body, opts), 201)
+        if sub == "log":  # proxied to the kubelet of the pod's node
+            if method != "GET" or ns is None or name is None:
+                raise _method_not_allowed()
+            pod = self.engine.get(rt, ns, name)
+            node_name = (pod.get("spec") or {}).get("nodeName")
+            nodes = self.registry.lookup("", "v1", "nodes")
+            node = None
+            if node_name and nodes is not None:
+                with contextlib.suppress(APIError):
+                    node = self.engine.get(nodes, None, str(node_name))
+            return await pod_log(pod, node, request.query)
         if sub == "eviction":
             if method != "POST" or ns is None or name is None:
                 raise _method_not_allowed()
