@@ -144,7 +144,8 @@ def test_server_side_apply_takes_over_client_side_apply(cluster: Cluster) -> Non
     csa = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: csa}\ndata: {x: '1', z: '2'}\n"
     cluster.run("apply", "-f", "-", stdin=csa)
     ssa = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: csa}\ndata: {x: '3'}\n"
-    assert "serverside-applied" in cluster.run("apply", "--server-side", "-f", "-", stdin=ssa).stdout
+    applied = cluster.run("apply", "--server-side", "-f", "-", stdin=ssa).stdout
+    assert "serverside-applied" in applied
     cm = cluster.json("get", "cm", "csa", "--show-managed-fields")
     assert cm["data"]["x"] == "3"
     owners = {m["manager"]: m for m in cm["metadata"]["managedFields"]}
