@@ -425,7 +425,9 @@ def _without_images(containers: Any, old: Any) -> Any:
     out = []
     for i, c in enumerate(containers):
         if isinstance(c, dict) and i < len(old) and isinstance(old[i], dict):
-            c = {**c, "image": old[i].get("image")}
+            c = {k: v for k, v in c.items() if k != "image"}
+            if "image" in old[i]:
+                c["image"] = old[i]["image"]
         out.append(c)
     return out
 
