@@ -333,3 +333,21 @@ async def test_parallel_job_and_ttl_after_finished(http: Http, jobs: JobStandIn)
         return not await job_pods(http, "par")
 
     await eventually(pods_gone, 10, "the deleted job's pods deleted")
+
+
+async def test_job_spec_fields_are_immutable(http: Http) -> None:
+    """``ValidateJobSpecUpdate`` (pkg/apis/batch/validation): the selector, the pod
+    template (of a Job that is not suspended), ``completions`` of a NonIndexed Job and
+    ``podFailurePolicy`` cannot change; ``parallelism`` can."""
+    code, _ = await http.call("POST", JOBS, job("train", completions=2))
+    assert code == 201
+    for patch, field in (
+        ({"spec": {"template": {"metadata": {"labels": {"app": "other"}}}}}, "spec.template"),
+        ({"spec": {"completions": 3}}, "spec.completions"),
+        ({"spec": {"podFailurePolicy": {"rules": []}}}, "spec.podFailurePolicy"),
+    ):
+        code, body = await http.call("PATCH", f"{JOBS}/train", patch)
+        assert code == 422, body
+        assert field in {c["field"] for c in body["details"]["causes"]}, body
+    code, body = await http.call("PATCH", f"{JOBS}/train", {"spec": {"parallelism": 2}})
+    assert code == 200 and body["spec"]["parallelism"] == 2, body

@@ -1067,7 +1067,6 @@ _KIND_RULES: dict[tuple[str, str], Callable[[JSON, KubeProfile | None], list[JSO
     ("resource.k8s.io", "ResourceSlice"): _resource_slice_causes,
     ("policy", "PodDisruptionBudget"): _pdb_causes,
     ("authorization.k8s.io", "SelfSubjectAccessReview"): _access_review_causes,
-    ("batch", "Job"): job_causes,
 }
 
 
@@ -1077,6 +1076,7 @@ _CONTEXT_RULES: dict[tuple[str, str], Callable[[JSON, _Context], list[JSON]]] = 
     ("resource.k8s.io", "ResourceClaim"): _claim_causes,
     ("resource.k8s.io", "ResourceClaimTemplate"): _claim_template_causes,
     ("resource.k8s.io", "DeviceClass"): _device_class_causes,
+    ("batch", "Job"): job_causes,
 }
 
 _UNKNOWN_FIELD = "unknown field "
