@@ -15,7 +15,8 @@ discovery), ``_selectors``, ``_patch`` (merge/JSON/strategic patch), ``_apply``
 ``_persist`` (data file), ``_engine`` (operations), ``_server`` (HTTP, lifecycle),
 ``cli`` (the ``drahealth apiserver`` command). Stand-ins for the cluster's
 controllers, which a real cluster has and the server does not run: ``_allocate``
-(DRA allocation), ``_scheduler`` (claims from templates, allocation, binding),
+(DRA allocation), ``_scheduler`` (node filters, allocation, binding, its Events),
+``_claims`` (the resourceclaim controller: generated claims, reservations, deallocation),
 ``_standins`` (device-taint eviction, ReplicaSets, and ``StandIns`` to run them all).
 """
 
