@@ -16,9 +16,9 @@ being deleted) per ReplicaSet from its template, as the ReplicaSet controller do
 and writes its status (``replicas``, ``fullyLabeledReplicas``, ``readyReplicas``,
 ``availableReplicas`` after ``minReadySeconds``, ``observedGeneration``).
 
-:class:`StandIns` runs the scheduler and resourceclaim stand-ins and these two, following a
-release profile: the eviction stand-in runs only where the release evicts for device
-taints (``DRADeviceTaints``). Stand-ins serve the embedded control plane only; a real
+:class:`StandIns` runs the scheduler, resourceclaim and Job (``_jobs``) stand-ins and these
+two, following a release profile: the eviction stand-in runs only where the release evicts
+for device taints (``DRADeviceTaints``). Stand-ins serve the embedded control plane only; a real
 cluster has the real controllers.
 """
 
