@@ -351,3 +351,53 @@ async def test_job_spec_fields_are_immutable(http: Http) -> None:
         assert field in {c["field"] for c in body["details"]["causes"]}, body
     code, body = await http.call("PATCH", f"{JOBS}/train", {"spec": {"parallelism": 2}})
     assert code == 200 and body["spec"]["parallelism"] == 2, body
+
+
+async def _bind(http: Http, pod: dict[str, Any], node: str = "node-1") -> None:
+    name = pod["metadata"]["name"]
+    code, body = await http.call("PATCH", f"{PODS}/{name}", {"spec": {"nodeName": node}})
+    assert code == 200, body
+
+
+async def test_terminating_pods_follow_the_replacement_policy(http: Http, jobs: JobStandIn) -> None:
+    """``podReplacementPolicy: Failed`` (the default with a ``podFailurePolicy``): a
+    deleted pod that its kubelet has not stopped yet is ``terminating`` and is replaced
+    only once it is Failed; ``TerminatingOrFailed`` (the default otherwise) replaces it
+    at once and counts it failed (``isPodFailed``, ``onlyReplaceFailedPods`` and
+    ``trackTerminatingPods`` in job_controller.go)."""
+    policy = {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]}
+    code, _ = await http.call("POST", JOBS, job("careful", backoffLimit=0, podFailurePolicy=policy))
+    assert code == 201
+    (pod,) = await live_pods(http, "careful", 1)
+    await _bind(http, pod)
+    name = pod["metadata"]["name"]
+    assert (await http.call("DELETE", f"{PODS}/{name}"))[0] == 200
+
+    async def terminating() -> dict[str, Any] | None:
+        _, body = await http.call("GET", f"{JOBS}/careful")
+        return body if body["status"].get("terminating") == 1 else None
+
+    body = await eventually(terminating, 10, "the deleted pod counted as terminating")
+    assert body["status"]["active"] == 0
+    assert [p["metadata"]["name"] for p in await job_pods(http, "careful")] == [name]
+    disrupted = {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI"}
+    stopped = {"status": {"phase": "Failed", "conditions": [disrupted]}}
+    assert (await http.call("PATCH", f"{PODS}/{name}/status", stopped))[0] == 200
+    (replacement,) = await live_pods(http, "careful", 1)
+    assert replacement["metadata"]["name"] != name
+    _, body = await http.call("GET", f"{JOBS}/careful")
+    assert body["status"].get("failed", 0) == 0 and body["status"]["terminating"] == 0
+
+    code, _ = await http.call("POST", JOBS, job("eager", backoffLimit=3))
+    assert code == 201
+    (pod,) = await live_pods(http, "eager", 1)
+    await _bind(http, pod)
+    assert (await http.call("DELETE", f"{PODS}/{pod['metadata']['name']}"))[0] == 200
+    (again,) = await live_pods(http, "eager", 1)
+    assert again["metadata"]["uid"] != pod["metadata"]["uid"]
+
+    async def counted() -> bool:
+        _, body = await http.call("GET", f"{JOBS}/eager")
+        return bool(body["status"].get("failed") == 1)
+
+    await eventually(counted, 10, "the deleted pod counted as failed")

@@ -20,8 +20,12 @@ Owns :class:`JobStandIn`. Per Job (not suspended, not finished), as upstream's
 - writes ``active``, ``ready``, ``terminating``, ``succeeded``, ``failed``,
   ``startTime``; deletes a finished Job ``ttlSecondsAfterFinished`` after it finished.
 
-A pod being deleted counts as terminated (the embedded server treats every grace
-period as 0: nothing is left running). Pods of a Job that no longer exists lose their
+A pod being deleted is terminating until its kubelet stops it (phase Failed):
+``status.terminating`` counts it, and the final condition waits for it. With
+``podReplacementPolicy: Failed`` (the default with a ``podFailurePolicy``) it is replaced
+only then; with ``TerminatingOrFailed`` at once, and it counts as failed. A terminating
+pod that was never scheduled counts as Failed, as the pod garbage collector marks it
+upstream (no kubelet will). Pods of a Job that no longer exists lose their
 finalizer and are deleted (the garbage collector's part upstream, background
 propagation). Not modelled: Indexed completion, ``backoffLimitPerIndex``,
 ``successPolicy``, ``activeDeadlineSeconds``, ``managedBy``, restart counts of
@@ -102,11 +106,29 @@ def _ready(pod: JSON) -> bool:
     )
 
 
-def _pod_failed(pod: JSON) -> bool:
-    """Failed phase, or deleted before it succeeded (no grace period in this plane)."""
+def _terminating(pod: JSON) -> bool:
+    """Being deleted and not finished (upstream's ``CountTerminatingPods``)."""
+    return bool(pod["metadata"].get("deletionTimestamp")) and _phase(pod) not in (
+        "Succeeded",
+        "Failed",
+    )
+
+
+def _only_replace_failed(job: JSON) -> bool:
+    spec = job.get("spec") or {}
+    return spec.get("podReplacementPolicy") == "Failed" or bool(spec.get("podFailurePolicy"))
+
+
+def _pod_failed(pod: JSON, job: JSON) -> bool:
+    """Upstream's ``isPodFailed``, plus the pod garbage collector's marking of an
+    unscheduled terminating pod as Failed."""
     if _phase(pod) == "Failed":
         return True
-    return bool(pod["metadata"].get("deletionTimestamp")) and _phase(pod) != "Succeeded"
+    if _terminating(pod) and not (pod.get("spec") or {}).get("nodeName"):
+        return True
+    if _only_replace_failed(job):
+        return False
+    return _terminating(pod)
 
 
 def _active(pod: JSON) -> bool:
@@ -301,7 +323,7 @@ class JobStandIn:
         with_fin = {p["metadata"]["uid"] for p in pods if _tracked(p)}
         new_ok = [p for p in pods if _tracked(p) and _phase(p) == "Succeeded"
                   and p["metadata"]["uid"] not in unc_ok]  # fmt: skip
-        new_fail = [p for p in pods if _tracked(p) and _pod_failed(p)
+        new_fail = [p for p in pods if _tracked(p) and _pod_failed(p, job)
                     and p["metadata"]["uid"] not in unc_fail]  # fmt: skip
         backoff = self._backoff.setdefault(uid, _Backoff())
         backoff.record(new_ok, new_fail)
@@ -313,7 +335,7 @@ class JobStandIn:
         done = _has(job, "SuccessCriteriaMet")
         if target is None and done is None:
             for p in pods:
-                if _tracked(p) and _pod_failed(p):
+                if _tracked(p) and _pod_failed(p, job):
                     message = match_pod_failure_policy(policy, p)[0]
                     if message is not None:
                         target = _condition("FailureTarget", "PodFailurePolicy", message)
@@ -324,6 +346,7 @@ class JobStandIn:
                     "Job has reached the specified backoff limit",
                 )  # fmt: skip
         active = [p for p in pods if _active(p)]
+        terminating = sum(1 for p in pods if _terminating(p) and not _pod_failed(p, job))
         if target is not None or done is not None:
             for p in active:  # a finished Job keeps nothing running
                 await self._delete_pod(job, p)
@@ -331,10 +354,12 @@ class JobStandIn:
                     counted_fail.append(p)  # upstream: counted failed once the Job fails
             active = []
         elif not suspended:
-            active = await self._manage(job, active, succeeded, backoff)
+            replacing = terminating if _only_replace_failed(job) else 0
+            active = await self._manage(job, active, succeeded, backoff, replacing)
         else:
             for p in active:
                 await self._delete_pod(job, p)
+                terminating += 1
             active = []
         completions = spec.get("completions")
         if target is None and done is None:
@@ -358,13 +383,19 @@ class JobStandIn:
         status.update(
             active=len(active),
             ready=sum(1 for p in active if _ready(p)),
-            terminating=0,
+            terminating=terminating,
             conditions=conditions or None,
             uncountedTerminatedPods={"succeeded": unc_ok or None, "failed": unc_fail or None},
         )
         await self._write_status(job, status, old_status)
         # 2. remove the finalizers of every finished (or, once the Job is done, every) pod
-        to_release = [p for p in pods if _tracked(p) and (not _active(p) or target or done)]
+        # (upstream's canRemoveFinalizer: succeeded or failed pods, every pod of a
+        # finished or deleted Job; a terminating pod keeps it until it has failed)
+        ending = bool(target or done or meta.get("deletionTimestamp"))
+        to_release = [
+            p for p in pods
+            if _tracked(p) and (ending or _phase(p) == "Succeeded" or _pod_failed(p, job))
+        ]  # fmt: skip
         for p in to_release:
             await self._drop_finalizer(p)
             with_fin.discard(p["metadata"]["uid"])
@@ -379,7 +410,7 @@ class JobStandIn:
             "succeeded": unc_ok or None,
             "failed": unc_fail or None,
         }
-        if not unc_ok and not unc_fail:
+        if not unc_ok and not unc_fail and not terminating:
             if target is not None:
                 conditions.append(_condition("Failed", target["reason"], target["message"]))
                 self._event(job, "Warning", target["reason"], target["message"])
@@ -392,7 +423,7 @@ class JobStandIn:
         await self._flush_events()
 
     async def _manage(
-        self, job: JSON, active: list[JSON], succeeded: int, backoff: _Backoff
+        self, job: JSON, active: list[JSON], succeeded: int, backoff: _Backoff, terminating: int
     ) -> list[JSON]:
         spec = job.get("spec") or {}
         parallelism = int(spec.get("parallelism", 1))
@@ -409,7 +440,7 @@ class JobStandIn:
             for p in extra:
                 await self._delete_pod(job, p)
             return [p for p in active if p not in extra]
-        missing = min(want - len(active), MAX_CREATE_PER_PASS)
+        missing = min(want - terminating - len(active), MAX_CREATE_PER_PASS)
         if missing <= 0 or backoff.remaining(self.backoff, self.max_backoff, time.time()) > 0:
             return active
         for _ in range(missing):
