@@ -136,9 +136,9 @@ def test_cel_runtime_error_aborts_instead_of_falling_through() -> None:
 
 
 def test_opaque_config_is_copied_from_class_and_claim() -> None:
-    """allocator_stable.go: class configs once per class (FromClass, the requests using
-    it), then claim configs (FromClaim) for allocated requests; a config that applies to
-    every request lists no requests."""
+    """allocator_stable.go: for each allocated request its class's configs (FromClass,
+    requests [<request>]), then the claim's configs (FromClaim) with their requests as
+    written, once per request they name; a config naming none applies to all."""
     devs = slices(device("gpu-0"), device("gpu-1"))
     claim_cfg = {"opaque": {"driver": D, "parameters": {"kind": "GpuConfig", "y": 2}}}
     c = claim(
@@ -148,7 +148,8 @@ def test_opaque_config_is_copied_from_class_and_claim() -> None:
     found = alloc.allocate_claim(c, devs, CLASSES, in_use=set())
     class_opaque = CLASSES["gpu"]["spec"]["config"][0]["opaque"]
     assert found.config == [
-        {"source": "FromClass", "opaque": class_opaque},
+        {"source": "FromClass", "requests": ["a"], "opaque": class_opaque},
+        {"source": "FromClass", "requests": ["b"], "opaque": class_opaque},
         {"source": "FromClaim", "requests": ["b"], **claim_cfg},
         {"source": "FromClaim", **claim_cfg},
     ]

@@ -570,46 +570,32 @@ def _config(
     classes: Mapping[str, JSON],
     chosen: Mapping[str, _Request],
 ) -> list[JSON]:
-    """``status.allocation.devices.config``: each class's config once (``FromClass``,
-    the requests using the class), then the claim's config for allocated requests
-    (``FromClaim``); a config for every request lists none ("all")."""
+    """``status.allocation.devices.config`` as upstream's allocator fills it: for each
+    allocated request, its class's configs (``FromClass``, ``requests: [<request>]``), then
+    the claim's configs (``FromClaim``, ``requests`` copied as written) - one entry per
+    request a config names, and once with no ``requests`` when it names none."""
     out: list[JSON] = []
-    by_class: dict[str, list[JSON]] = {}
     for name, _ in requests:
         r = chosen.get(name)
         if r is None or not r.class_name:
             continue
-        if r.class_name in by_class:
-            for entry in by_class[r.class_name]:
-                entry["requests"].append(r.name)
-            continue
-        entries = []
         for cfg in (classes[r.class_name].get("spec") or {}).get("config") or []:
             if isinstance(cfg, dict) and cfg.get("opaque"):
-                entries.append(
-                    {"source": "FromClass", "requests": [r.name], "opaque": cfg["opaque"]}
-                )
-        by_class[r.class_name] = entries
-        out.extend(entries)
+                out.append({"source": "FromClass", "requests": [r.name], "opaque": cfg["opaque"]})
     spec = (claim.get("spec") or {}).get("devices") or {}
     for cfg in spec.get("config") or []:
         if not isinstance(cfg, dict) or not cfg.get("opaque"):
             continue
         wanted = [str(x) for x in cfg.get("requests") or []]
-        entry = {"source": "FromClaim", "requests": wanted, "opaque": cfg["opaque"]}
         if not wanted:
-            out.append(entry)
+            out.append({"source": "FromClaim", "opaque": cfg["opaque"]})
             continue
         for name, _ in requests:
             r = chosen.get(name)
             if name in wanted or (r is not None and r.name in wanted):
-                out.append(dict(entry))
-    for entry in out:
-        if len(entry["requests"]) == len(requests):
-            entry["requests"] = []
-    for entry in out:
-        if not entry["requests"]:
-            del entry["requests"]
+                out.append(
+                    {"source": "FromClaim", "requests": list(wanted), "opaque": cfg["opaque"]}
+                )
     return out
 
 
