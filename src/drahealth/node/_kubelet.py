@@ -500,7 +500,17 @@ class KubeletMode:
                 return  # not started yet: the pod's run writes the first status
             desired = dict(status)
         else:
-            desired = {**status, **run.status()}
+            own = run.status()
+            # conditions the kubelet does not own (DisruptionTarget set by an eviction,
+            # a scheduler's or a controller's) stay, as upstream's status manager keeps them
+            mine = {c.get("type") for c in own.get("conditions") or []}
+            others = [
+                c for c in status.get("conditions") or []
+                if isinstance(c, dict) and c.get("type") not in mine
+            ]  # fmt: skip
+            if others:
+                own["conditions"] = [*(own.get("conditions") or []), *others]
+            desired = {**status, **own}
         draft = {**pod, "status": desired}
         desired.update(self.builder.apply(draft, self.tracker.lookup, self.pipeline.cache.get))
         patch = {k: v for k, v in desired.items() if v != status.get(k)}
