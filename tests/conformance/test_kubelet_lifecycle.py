@@ -42,7 +42,7 @@ pytestmark = pytest.mark.timeout(60)
 
 DRIVER = "gpu.example.com"
 NODE = "node-1"
-DEVICES = [(NODE, f"gpu-{i}") for i in range(2)]
+DEVICES = [(NODE, f"gpu-{i}") for i in range(3)]
 KUBECTL = shutil.which("kubectl", path=str(Path(sys.executable).parent))
 
 
@@ -87,13 +87,16 @@ async def kubelet(sockdir: str) -> AsyncIterator[tuple[APIServer, AsyncClient, N
         await server.stop()
 
 
-async def make_pod(client: AsyncClient, name: str, container: dict[str, Any], **spec: Any) -> None:
+async def make_pod(
+    client: AsyncClient, name: str, container: dict[str, Any], device: str = "gpu-0", **spec: Any
+) -> None:
     claim = {
         "metadata": {"name": f"{name}-gpu", "namespace": "default"},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "g"}}]}},
     }
     await client.create(ResourceClaim.from_dict(claim))
-    results = [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-0"}]
+    # each pod its own device: the driver refuses a device another prepared claim holds
+    results = [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}]
     await client.patch(
         ResourceClaim.Status,
         f"{name}-gpu",
@@ -159,10 +162,13 @@ async def test_node_registers_ready_with_labels_capacity_and_lease(
 
 async def test_containers_finish_with_phase_and_logs(sockdir: str, tmp_path: Path) -> None:
     async with kubelet(sockdir) as (server, client, _agent):
-        await make_pod(client, "ok", {"name": "c", "command": ["true"]}, restartPolicy="Never")
         await make_pod(
-            client, "bad", {"name": "c", "command": ["sh", "-c", "exit 3"]}, restartPolicy="Never"
+            client, "ok", {"name": "c", "command": ["true"]}, "gpu-1", restartPolicy="Never"
         )
+        await make_pod(
+            client, "bad", {"name": "c", "command": ["sh", "-c", "exit 3"]}, "gpu-2",
+            restartPolicy="Never",
+        )  # fmt: skip
         script = "echo hello; export; trap 'exit 0' TERM; sleep 9999 & wait"
         await make_pod(client, "long", {"name": "ctr0", "command": ["bash", "-c"],
                                         "args": [script]})  # fmt: skip

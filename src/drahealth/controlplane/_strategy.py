@@ -118,9 +118,11 @@ def _defaults(rt: ResourceType, obj: JSON, old: JSON | None, now: str) -> None:
         default_job(obj)
     if rt.group != "resource.k8s.io":
         return
-    if rt.kind == "ResourceClaim" and old is None:
+    # defaulting runs on every decoded object (create and update), as upstream's does, so
+    # an unchanged re-apply compares equal to what is stored
+    if rt.kind == "ResourceClaim":
         default_device_claim((obj.get("spec") or {}).get("devices"))
-    elif rt.kind == "ResourceClaimTemplate" and old is None:
+    elif rt.kind == "ResourceClaimTemplate":
         spec = (obj.get("spec") or {}).get("spec")
         default_device_claim(spec.get("devices") if isinstance(spec, dict) else None)
     elif rt.kind == "DeviceTaintRule":
