@@ -14,6 +14,7 @@ import os
 import tempfile
 from typing import Any
 
+import pytest
 from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -29,6 +30,10 @@ from drahealth.node._types import RegistrationError
 from drahealth.node._validation import validate_plugin_info
 from drahealth.remedy._policy_load import parse_policy
 from drahealth.sources import FileProbe
+
+#: 10,000 cases per test take 10-30 s on 2 cores; a loaded machine needs more than the
+#: suite's 60 s default
+pytestmark = pytest.mark.timeout(240)
 
 FUZZ_CASES = 10_000
 fuzz = settings(
