@@ -23,9 +23,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import aiohttp
 import pytest
 
-from tests.conformance._dra_world import CLAIMS, NS, World, eventually, world
+from drahealth.controlplane import APIServer, StandIns
+from drahealth.controlplane._scheduler import SchedulerStandIn
+from drahealth.kube import make_client
+from tests.conformance._dra_world import CLAIMS, NS, Http, World, eventually, world
 
 __all__ = ["world"]
 
@@ -179,3 +183,37 @@ async def test_pod_bound_without_the_scheduler_is_reserved(world: World) -> None
 
     await eventually(reserved, 10, "the pinned pod reserved on the claim")
     assert not await w.events("pinned", "Scheduled"), "the scheduler touched a bound pod"
+
+
+async def test_allocations_in_flight_are_not_handed_out_again(server: APIServer) -> None:
+    """The scheduler remembers what it allocated until its claim informer shows it
+    (upstream's assume cache): with that informer frozen, two pods still get two
+    devices and the shared claim's second consumer is appended, not lost."""
+    client = make_client(server_url=server.url, timeout=5.0)
+    sched = SchedulerStandIn(client)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        w = World(Http(session, server.url), StandIns(client))
+        await _gpu_world(w)
+        for name in ("c0", "c1"):
+            await w.claim(name)
+        await w.pod("p0", {"gpu": {"resourceClaimName": "c0"}})
+        await w.pod("p1", {"gpu": {"resourceClaimName": "c1"}})
+        await w.pod("p2", {"gpu": {"resourceClaimName": "c0"}})
+        reflectors = [sched.pods, sched.claims, sched.slices, sched.classes, sched.nodes]
+        try:
+            for r in reflectors:
+                await r.start()
+            for r in reflectors:
+                await r.wait_synced()
+            await sched.claims.stop()  # frozen: it never sees the allocations
+            await sched.pass_once()
+        finally:
+            for r in reflectors:
+                await r.stop()
+            await client.close()
+        assert sorted((await w.devices("c0")) + (await w.devices("c1"))) == [
+            "node-1/gpu-0",
+            "node-1/gpu-1",
+        ]
+        claim = await w.http.ok("GET", f"{CLAIMS}/c0")
+        assert [r["name"] for r in claim["status"]["reservedFor"]] == ["p0", "p2"]

@@ -118,9 +118,23 @@ def reserve_ops(claim: Mapping[str, Any], pod: Mapping[str, Any]) -> list[JSON]:
     return ops
 
 
-def _reserved_for(claim: Mapping[str, Any], uid: str) -> bool:
-    reserved = (claim.get("status") or {}).get("reservedFor") or []
-    return any(r.get("uid") == uid for r in reserved)
+class _ClaimIndex:
+    """One pass's claims by (namespace, name), by owning pod UID, and the UIDs each is
+    reserved for (so a pass is linear in pods and claims)."""
+
+    def __init__(self, claims: list[JSON]) -> None:
+        self.by_key: dict[tuple[str, str], JSON] = {}
+        self.by_owner: dict[str, list[JSON]] = {}
+        self.reserved: dict[tuple[str, str], set[str]] = {}
+        for c in claims:
+            key = (str(c["metadata"]["namespace"]), str(c["metadata"]["name"]))
+            self.by_key[key] = c
+            self.reserved[key] = {
+                str(r.get("uid")) for r in (c.get("status") or {}).get("reservedFor") or []
+            }
+            owner = owning_pod(c)
+            if owner is not None:
+                self.by_owner.setdefault(owner[1], []).append(c)
 
 
 class ClaimsStandIn:
@@ -148,11 +162,12 @@ class ClaimsStandIn:
         pods = {(p["metadata"]["namespace"], p["metadata"]["name"]): p
                 for p in self.pods.store.dicts()}  # fmt: skip
         claims = self.claims.store.dicts()
+        index = _ClaimIndex(claims)
         for pod in pods.values():
             if pod["metadata"].get("deletionTimestamp") or pod_done(pod):
                 continue
             with contextlib.suppress(ApiError):
-                await self._sync_pod(pod, claims)
+                await self._sync_pod(pod, index)
         for claim in claims:
             try:
                 await self._sync_claim(claim, pods)
@@ -161,24 +176,23 @@ class ClaimsStandIn:
 
     # ------------------------------------------------------------------ pods
 
-    async def _sync_pod(self, pod: JSON, claims: list[JSON]) -> None:
+    async def _sync_pod(self, pod: JSON, index: _ClaimIndex) -> None:
         meta = pod["metadata"]
         ns, uid = meta["namespace"], str(meta.get("uid"))
         known = {
             s.get("name"): s.get("resourceClaimName")
             for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
         }
-        by_name = {c["metadata"]["name"]: c for c in claims if c["metadata"]["namespace"] == ns}
         new: dict[str, str] = {}
         for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
             name, template = str(ref.get("name") or ""), ref.get("resourceClaimTemplateName")
             if not template:
                 continue
-            existing = by_name.get(str(known.get(name) or ""))
+            existing = index.by_key.get((ns, str(known.get(name) or "")))
             if existing is not None and owning_pod(existing) == (meta["name"], uid):
                 continue
             orphan = next(
-                (c for c in claims
+                (c for c in index.by_owner.get(uid, [])
                  if c["metadata"]["namespace"] == ns and owning_pod(c) == (meta["name"], uid)
                  and (c["metadata"].get("annotations") or {}).get(POD_CLAIM_ANNOTATION) == name),
                 None,
@@ -200,7 +214,7 @@ class ClaimsStandIn:
                 namespace=ns, patch_type=PatchType.MERGE,
             )  # fmt: skip
         if (pod.get("spec") or {}).get("nodeName"):
-            await self._reserve_bound(pod, by_name, {**known, **new})
+            await self._reserve_bound(pod, index, {**known, **new})
 
     async def _create(self, pod: JSON, name: str, template_name: str) -> str | None:
         meta = pod["metadata"]
@@ -235,18 +249,16 @@ class ClaimsStandIn:
                  meta["namespace"], created.metadata.name, meta["name"])  # fmt: skip
         return str(created.metadata.name)
 
-    async def _reserve_bound(
-        self, pod: JSON, by_name: Mapping[str, JSON], names: Mapping[Any, Any]
-    ) -> None:
+    async def _reserve_bound(self, pod: JSON, index: _ClaimIndex, names: Mapping[Any, Any]) -> None:
         """Reserve the allocated claims of a pod that was bound without the scheduler."""
-        uid = str(pod["metadata"].get("uid"))
+        ns, uid = pod["metadata"]["namespace"], str(pod["metadata"].get("uid"))
         for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
-            claim_name = ref.get("resourceClaimName") or names.get(ref.get("name"))
-            claim = by_name.get(str(claim_name or ""))
+            key = (ns, str(ref.get("resourceClaimName") or names.get(ref.get("name")) or ""))
+            claim = index.by_key.get(key)
             if claim is None or not (claim.get("status") or {}).get("allocation"):
                 continue
-            reserved = (claim.get("status") or {}).get("reservedFor") or []
-            if _reserved_for(claim, uid) or len(reserved) >= RESERVED_FOR_MAX:
+            reserved = index.reserved[key]
+            if uid in reserved or len(reserved) >= RESERVED_FOR_MAX:
                 continue
             await self.client.patch(
                 ResourceClaim.Status, claim["metadata"]["name"], reserve_ops(claim, pod),

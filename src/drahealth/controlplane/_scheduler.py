@@ -313,6 +313,11 @@ class SchedulerStandIn:
         self.bound = 0
         self.unschedulable: dict[str, str] = {}  # namespace/name -> FitError text
         self._reported: dict[tuple[str, str], None] = {}  # (pod uid, message), bounded
+        #: Claims this stand-in wrote that its reflector may not have seen yet, so the
+        #: next pod in the same pass neither reuses their devices nor trips on their
+        #: resourceVersion (the scheduler's assume cache upstream).
+        self._assumed: dict[tuple[str, str], JSON] = {}
+        self.claims.add_handler(self._forget_deleted)
 
     async def run(self) -> None:
         reflectors: list[Reflector[Any]] = [
@@ -321,6 +326,32 @@ class SchedulerStandIn:
         if self.rules is not None:
             reflectors.append(self.rules)
         await reconcile_loop(reflectors, self.pass_once, "scheduler stand-in")
+
+    def _forget_deleted(self, kind: str, obj: Any, _old: Any) -> None:
+        if kind == "DELETED" and obj.metadata is not None:
+            self._assumed.pop((str(obj.metadata.namespace), str(obj.metadata.name)), None)
+
+    def _claim(self, ns: str, name: str) -> JSON | None:
+        """The newer of the reflector's and the assumed copy of a claim."""
+        stored = self.claims.store.get(ns, name)
+        known = as_dict(stored) if stored is not None else None
+        assumed = self._assumed.get((ns, name))
+        if assumed is None:
+            return known
+        if known is not None and _rv(known) >= _rv(assumed):
+            del self._assumed[(ns, name)]  # the reflector caught up
+            return known
+        return assumed
+
+    def _claim_view(self) -> list[JSON]:
+        """Every claim, assumed copies over the reflector's."""
+        out = {(c["metadata"]["namespace"], c["metadata"]["name"]): c
+               for c in self.claims.store.dicts()}  # fmt: skip
+        for key in list(self._assumed):
+            fresh = self._claim(*key)
+            if fresh is not None:
+                out[key] = fresh
+        return list(out.values())
 
     async def pass_once(self) -> None:
         pods = self.pods.store.dicts()
@@ -332,7 +363,12 @@ class SchedulerStandIn:
                 continue
             if spec.get("schedulerName", "default-scheduler") != "default-scheduler":
                 continue  # another scheduler's pod
-            await self._schedule(pod)
+            try:
+                await self._schedule(pod)
+            except ApiError as exc:  # a conflict: this pod is tried again next pass
+                log.info("scheduling %s/%s: %s", meta["namespace"], meta["name"],
+                         exc.status.message)  # fmt: skip
+                self._assumed.clear()
 
     def _pod_claims(self, pod: JSON) -> list[JSON]:
         """The pod's claims; :class:`_Waiting` where DynamicResources' PreEnqueue holds the
@@ -357,10 +393,9 @@ class SchedulerStandIn:
                 name, check_owner = str(statuses[ref.get("name")]), True
             else:
                 continue
-            claim = self.claims.store.get(ns, name)
-            if claim is None:
+            c = self._claim(ns, name)
+            if c is None:
                 raise _Waiting(f'resourceclaim.resource.k8s.io "{name}" not found')
-            c = as_dict(claim)
             if check_owner and owning_pod(c) != (meta["name"], uid):
                 raise _Waiting(
                     f"ResourceClaim {ns}/{name} was not created for pod {ns}/{meta['name']} "
@@ -449,7 +484,7 @@ class SchedulerStandIn:
             taints = rule_taints(rules, ("NoSchedule", "NoExecute"), classes)
             in_use = {
                 (r["driver"], r["pool"], r["device"])
-                for c in self.claims.store.dicts()
+                for c in self._claim_view()
                 for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or {})
                 .get("results") or []
                 if not r.get("adminAccess")
@@ -563,9 +598,10 @@ class SchedulerStandIn:
             ]  # fmt: skip
         else:
             ops = reserve_ops(claim, pod)
-        await self.client.patch(
+        updated = await self.client.patch(
             ResourceClaim.Status, name, ops, namespace=ns, patch_type=PatchType.JSON
         )
+        self._assumed[(ns, name)] = as_dict(updated)
 
     async def _failed(self, pod: JSON, message: str, error: bool) -> None:
         """FailedScheduling: the Event (once per distinct message) and the condition."""
@@ -616,6 +652,13 @@ class SchedulerStandIn:
         )  # fmt: skip
         with contextlib.suppress(ApiError):
             await self.client.create(event)
+
+
+def _rv(obj: JSON) -> int:
+    try:
+        return int(obj["metadata"].get("resourceVersion") or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def _is_extended_claim(claim: JSON, pod_uid: str) -> bool:
