@@ -6,7 +6,8 @@ selectors, strategic-merge keys), :class:`Registry` (what one Kubernetes release
 profile serves: ``resource.k8s.io`` DeviceTaintRule only at the versions the profile
 serves, with ``status`` only from 1.35 and the 1.34 alpha selector's extra fields) and
 the plain and aggregated (apidiscovery v2) discovery bodies built from a registry (its
-OpenAPI documents are ``_openapi``'s). Knows nothing of HTTP or storage.
+OpenAPI documents are ``_openapi``'s, built from a registry). Knows nothing of HTTP or
+storage.
 """
 
 from __future__ import annotations
@@ -32,8 +33,6 @@ from lightkube.models import (
 )
 
 from drahealth.core import NEWEST_KUBE_VERSION, KubeProfile, kube_profile
-
-from ._openapi import Documents
 
 JSON = dict[str, Any]
 Path = tuple[str, ...]
@@ -447,8 +446,6 @@ class Registry:
             if (r.group, r.version) not in seen:
                 seen.append((r.group, r.version))
         self._group_versions = seen
-        #: The OpenAPI documents, built on first use.
-        self.openapi = Documents(self)
 
     def lookup(self, group: str, version: str, plural: str) -> ResourceType | None:
         return self._by_plural.get((group, version, plural))
@@ -528,16 +525,6 @@ class Registry:
             "metadata": {},
             "items": items,
         }
-
-    # ----------------------------------------------------------------------- OpenAPI
-
-    def openapi_root(self) -> JSON:
-        """``/openapi/v3``: one entry per group/version (see ``_openapi``)."""
-        return self.openapi.v3_root()
-
-    def openapi_group_version(self, group: str, version: str) -> JSON | None:
-        """The OpenAPI v3 document of one group/version (None: not served)."""
-        return self.openapi.v3(group, version)
 
 
 _VERSION = re.compile(r"v(\d+)(?:(alpha|beta)(\d+))?")

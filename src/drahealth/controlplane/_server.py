@@ -34,7 +34,7 @@ from drahealth.core import NEWEST_KUBE_VERSION, KubeProfile, kube_profile
 
 from . import _decode, _protobuf, _resources, _status
 from ._engine import APPLY, NAMESPACES, PATCH_TYPES, Engine, WriteOptions
-from ._openapi import V2_PROTOBUF
+from ._openapi import V2_PROTOBUF, Documents
 from ._podlog import pod_log
 from ._protobuf import ProtobufError, UnsupportedKind
 from ._resources import ResourceType
@@ -182,6 +182,8 @@ class APIServer:
         self.store = Store(watch_window)
         self.engine = Engine(self.store, self.profile)
         self.registry = self.engine.registry
+        #: The OpenAPI documents of what the registry serves, built on first use.
+        self.openapi = Documents(self.registry)
         self.bookmark_interval = bookmark_interval
         self._data_file = Path(data_file) if data_file is not None else None
         self._runner: web.AppRunner | None = None
@@ -410,7 +412,7 @@ class APIServer:
 
     def _openapi_v2(self, request: web.Request) -> web.Response:
         """The swagger 2.0 document: gnostic protobuf when asked for (client-go), else JSON."""
-        docs = self.registry.openapi
+        docs = self.openapi
         if "com.github.proto-openapi.spec.v2" in request.headers.get("Accept", ""):
             resp = web.Response(body=docs.v2_protobuf())
             resp.headers["Content-Type"] = V2_PROTOBUF
@@ -419,12 +421,12 @@ class APIServer:
 
     def _openapi(self, rest: list[str]) -> web.Response:
         if not rest:
-            return _respond(self.registry.openapi_root())
+            return _respond(self.openapi.v3_root())
         doc = None
         if rest[0] == "api" and len(rest) == 2:
-            doc = self.registry.openapi_group_version("", rest[1])
+            doc = self.openapi.v3("", rest[1])
         elif rest[0] == "apis" and len(rest) == 3:
-            doc = self.registry.openapi_group_version(rest[1], rest[2])
+            doc = self.openapi.v3(rest[1], rest[2])
         if doc is None:
             raise _not_found_path()
         return _respond(doc)
