@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from drahealth.controlplane._allocate import Device
+from drahealth.controlplane._openapi import Documents
 from drahealth.controlplane._resources import lookup, registry
 from drahealth.controlplane._scheduler import node_misfit, rule_taints
 from drahealth.controlplane._strategy import drop_disabled_fields, prepare_create
@@ -171,6 +172,7 @@ def test_discovery_order_is_upstream_priority() -> None:
     group = reg.api_group("resource.k8s.io")
     assert group is not None
     assert [v["version"] for v in group["versions"]] == ["v1", "v1beta2"]
-    assert reg.openapi_group_version("resource.k8s.io", "v1alpha3") is None
-    doc = reg.openapi_group_version("resource.k8s.io", "v1beta2")
+    docs = Documents(reg)
+    assert docs.v3("resource.k8s.io", "v1alpha3") is None
+    doc = docs.v3("resource.k8s.io", "v1beta2")
     assert doc is not None and doc["info"]["version"] == "v1.36.0"
