@@ -198,7 +198,8 @@ class _Conn(asyncio.Protocol):
 class HTTPGuard:
     """Limits, Host/Origin policy and connection bookkeeping for one aiohttp server.
 
-    Build the application with ``middlewares=[*guard.middlewares, ...]``, the runner with
+    Build the application with ``middlewares=[*guard.middlewares, ...]``, then either
+    ``runner = await guard.serve(app, host, port)``, or build the runner with
     ``**guard.runner_kwargs`` and serve with ``await guard.site(runner, host, port).start()``.
     ``host`` is the address the server binds; it decides the default Host policy.
     """
@@ -235,6 +236,18 @@ class HTTPGuard:
 
     def site(self, runner: web.BaseRunner, host: str, port: int) -> web.BaseSite:
         return _GuardedSite(runner, self, host, port)
+
+    async def serve(self, app: web.Application, host: str, port: int) -> web.AppRunner:
+        """Run ``app`` behind this guard on ``host:port`` (no access log); the runner to
+        clean up. A bind that fails cleans up before the error propagates."""
+        runner = web.AppRunner(app, access_log=None, **self.runner_kwargs)
+        await runner.setup()
+        try:
+            await self.site(runner, host, port).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        return runner
 
     @property
     def connections(self) -> int:

@@ -82,13 +82,7 @@ class MetricsServer:
         app.router.add_get("/metrics", make_aiohttp_handler(self.registry))
         app.router.add_get("/healthz", _healthz)
         app.router.add_get("/readyz", self._readyz)
-        runner = web.AppRunner(app, access_log=None, **guard.runner_kwargs)
-        await runner.setup()
-        try:
-            await guard.site(runner, host, port).start()
-        except BaseException:
-            await runner.cleanup()
-            raise
+        runner = await guard.serve(app, host, port)
         self._runner = runner
         self._host = host
         self._port = int(runner.addresses[0][1])

@@ -65,13 +65,7 @@ class ContainerLogServer:
         guard = HTTPGuard(host, limits=HTTPLimits(max_connections=64))
         app = web.Application(middlewares=guard.middlewares)
         app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", self._logs)
-        runner = web.AppRunner(app, access_log=None, **guard.runner_kwargs)
-        await runner.setup()
-        try:
-            await guard.site(runner, host, port).start()
-        except BaseException:
-            await runner.cleanup()
-            raise
+        runner = await guard.serve(app, host, port)
         self._runner = runner
         self._port = int(runner.addresses[0][1])
 
