@@ -108,8 +108,9 @@ class Container:
         if not argv:
             return await self._forever(ignores_term=False)
         name = argv[0].rsplit("/", 1)[-1]
-        if name == "busybox" and len(argv) > 1:
-            return await self._program(argv[1:])
+        while name == "busybox" and len(argv) > 1:  # a loop: "busybox busybox ..." nests
+            argv = argv[1:]
+            name = argv[0].rsplit("/", 1)[-1]
         if name in _SHELLS:
             self._shell = "bash" if name == "bash" else "sh"
             rest = argv[1:]
