@@ -42,6 +42,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import celpy
 import lark
+import re2  # type: ignore[import-untyped]  # google-re2 ships no type information
 from celpy import celtypes
 from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError, Evaluator
@@ -416,13 +417,26 @@ def _join(items: Any, sep: str = "") -> Any:
     return _S(sep.join(str(v) for v in items))
 
 
+_RE2_OPTIONS: Any = re2.Options()
+_RE2_OPTIONS.log_errors = False  # errors come back as exceptions, not on stderr
+
+
+def _regexp(pattern: str) -> Any:
+    """RE2, as CEL's regex library uses: linear time, so a selector's pattern cannot
+    stall the scheduler with backtracking."""
+    try:
+        return re2.compile(pattern, _RE2_OPTIONS)
+    except re2.error as exc:
+        raise ValueError(f"invalid regular expression {pattern!r}: {exc}") from None
+
+
 def _find(text: str, pattern: str) -> Any:
-    match = re.search(pattern, text)
-    return _S(match[0] if match else "")
+    match = _regexp(pattern).search(text)
+    return _S(match.group(0) if match else "")
 
 
 def _find_all(text: str, pattern: str, limit: Any = None) -> Any:
-    found = [m[0] for m in re.finditer(pattern, text)]
+    found = [m.group(0) for m in _regexp(pattern).finditer(text)]
     if limit is not None and int(limit) >= 0:
         found = found[: int(limit)]
     return celtypes.ListType([_S(f) for f in found])

@@ -69,3 +69,15 @@ def test_runtime_errors_name_the_cause() -> None:
 def test_compile_errors(expression: str, error: str) -> None:
     with pytest.raises(CELCompileError, match=error):
         compile_selector(expression)
+
+
+def test_regex_functions_run_in_linear_time() -> None:
+    """CEL's regex library is RE2: a pattern that backtracks exponentially in Python's
+    ``re`` ((a+)+$ on 'aaa...!': about 2**40 steps there, past the suite's timeout)
+    returns at once instead of stalling the scheduler."""
+    device = device_value("gpu.example.com", {"gpu.example.com": {"name": "a" * 40 + "!"}}, {})
+    expr = 'device.attributes["gpu.example.com"].name.find("(a+)+$") == ""'
+    assert compile_selector(expr).matches(device)
+    bad = compile_selector('device.attributes["gpu.example.com"].name.find("(") == ""')
+    with pytest.raises(CELRuntimeError, match="invalid regular expression"):
+        bad.matches(device)
