@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "history": "drahealth.cli.views:history_command",
     "inject": "drahealth.cli.inject:inject_command",
     "pods": "drahealth.cli.views:pods_command",
+    "policy": "drahealth.cli.policy:policy_group",
     "status": "drahealth.cli.views:status_command",
     "taint": "drahealth.cli.taint:taint_command",
     "untaint": "drahealth.cli.taint:untaint_command",

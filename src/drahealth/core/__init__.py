@@ -112,7 +112,7 @@ from drahealth.core._releases import (
     release_of,
     unserved_reason,
 )
-from drahealth.core._remedy_engine import RemedyEngine, Want
+from drahealth.core._remedy_engine import RemedyEngine, Want, explain
 from drahealth.core._status import (
     CLAIM_PREFIX,
     ClaimLookup,
@@ -218,6 +218,7 @@ __all__ = [
     "encode_devices",
     "entry_name",
     "eviction_due",
+    "explain",
     "is_agent_record",
     "is_dns_label",
     "is_dns_subdomain",

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from drahealth.core._health import DeviceKey, Health
 from drahealth.core._policy import EFFECT_ORDER, DeviceFacts, Policy, Rule
 
-__all__ = ["RemedyEngine", "Want"]
+__all__ = ["RemedyEngine", "Want", "explain"]
 
 Validation = Literal["none", "pending", "passed"]
 
@@ -281,3 +281,50 @@ def _value(rule: Rule, health: Health) -> str:
     if rule.action.taint_value:
         return rule.action.taint_value
     return health.value.lower()
+
+
+def explain(policy: Policy, facts: DeviceFacts, health: Health, message: str) -> dict[str, Any]:
+    """What the policy does with ``facts`` in ``health`` with ``message``, as plain data
+    (``drahealth policy check`` prints it): the matching rule, the taint (key, value,
+    effect), the grace period, the escalation steps, recovery, hysteresis, the rule's
+    fallback mode, and what dry run and the eviction mode mean for it. ``rule`` is None
+    when no rule matches (nothing is done)."""
+    rule = policy.rule_for(facts, health, message)
+    out: dict[str, Any] = {
+        "device": f"{facts.driver}/{facts.pool}/{facts.device}",
+        "health": health.value,
+        "message": message,
+        "rule": None,
+        "remediationMode": policy.remediation_mode,
+        "dryRun": policy.dry_run,
+    }
+    if rule is None:
+        return out
+    action = rule.action
+    effects = {action.effect, *(s.effect for s in action.escalate)}
+    out.update(
+        {
+            "rule": rule.name,
+            "taint": {
+                "key": action.taint_key,
+                "value": _value(rule, health),
+                "effect": "None" if policy.dry_run else action.effect,
+            },
+            "gracePeriodSeconds": action.grace,
+            "escalate": [{"afterSeconds": s.after, "effect": s.effect} for s in action.escalate],
+            "recovery": {
+                "healthyForSeconds": rule.recovery.healthy_for,
+                "validate": rule.recovery.validate is not None,
+            },
+            "hysteresis": None
+            if rule.hysteresis is None
+            else {
+                "transitions": rule.hysteresis.transitions,
+                "windowSeconds": rule.hysteresis.window,
+            },
+            "fallback": action.fallback or policy.remediation_fallback,
+            "evicts": not policy.dry_run and "NoExecute" in effects,
+            "evictionMode": policy.eviction.mode,
+        }
+    )
+    return out
