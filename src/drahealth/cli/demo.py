@@ -130,13 +130,20 @@ async def _agent_health(client: AsyncClient) -> dict[tuple[str, str], tuple[str,
     """
     out: dict[tuple[str, str], tuple[str, str]] = {}
     async for cm in client.list(ConfigMap, namespace=DEFAULT_NAMESPACE, labels=dict(LABELS)):
-        record = cm.to_dict()
-        if not is_agent_record(record, DEFAULT_NAMESPACE):
-            continue
-        for key, obs in decode_devices(record).items():
-            if key.driver == DRIVER:
-                out[(obs.node, f"{key.pool}/{key.device}")] = (obs.health.value, obs.message)
+        out.update(_record_health(cm.to_dict()))
     return out
+
+
+def _record_health(record: dict[str, Any]) -> dict[tuple[str, str], tuple[str, str]]:
+    """(node, pool/device) -> (health, message) of the sample GPUs in one agent record
+    (nothing if the ConfigMap is not an agent's record)."""
+    if not is_agent_record(record, DEFAULT_NAMESPACE):
+        return {}
+    return {
+        (obs.node, f"{key.pool}/{key.device}"): (obs.health.value, obs.message)
+        for key, obs in decode_devices(record).items()
+        if key.driver == DRIVER
+    }
 
 
 async def placements(client: AsyncClient, pod_health: bool = True) -> list[Placement]:
@@ -298,16 +305,11 @@ async def _first_unhealthy(
             ConfigMap, namespace=DEFAULT_NAMESPACE, labels=dict(LABELS)
         ):
             started.set()
-            record = cm.to_dict()
-            if not is_agent_record(record, DEFAULT_NAMESPACE):
-                continue
-            for key, obs in decode_devices(record).items():
-                if (key.driver, obs.node, f"{key.pool}/{key.device}") == (
-                    DRIVER,
-                    victim.node,
-                    victim.device,
-                ) and obs.health.value == "Unhealthy":
-                    return replace(victim, health=obs.health.value, message=obs.message)
+            health, message = _record_health(cm.to_dict()).get(
+                (victim.node, victim.device), ("", "")
+            )
+            if health == "Unhealthy":
+                return replace(victim, health=health, message=message)
     raise TimeoutError("the watch ended before the device showed Unhealthy")
 
 

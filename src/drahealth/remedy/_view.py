@@ -112,8 +112,9 @@ def device_taints(
     out = {key: [t.as_dict() for t in taints] for key, taints in model.all_taints().items()}
     for node in nodes:
         name = str((node.get("metadata") or {}).get("name") or "")
-        written = node_taints(d for d in read_node(node) if d.mode == "node-taint")
-        for d in read_node(node):
+        listed = read_node(node)
+        written = node_taints(d for d in listed if d.mode == "node-taint")
+        for d in listed:
             since = (
                 datetime.datetime.fromtimestamp(d.since, datetime.UTC).isoformat()
                 if d.since
