@@ -92,6 +92,12 @@ from drahealth.kube import (
     to_internal,
     write_configmap_data,
 )
+from drahealth.remedy._control import (
+    COMPONENT_LABEL,
+    CONTROL_COMPONENT,
+    ControllerState,
+    ControlRequests,
+)
 from drahealth.remedy._evict import Evictor
 from drahealth.remedy._metrics import ControllerMetrics
 from drahealth.remedy._modes import ModeChoice, ModeError, resolve_mode
@@ -204,12 +210,23 @@ class RemediationController:
             labels={"app.kubernetes.io/component": "device-health"},
             name="remedy-device-health",
         )
+        #: the operator's requests (control ConfigMap) and the controller's status keys
+        self.control = ControlRequests()
+        self.state = ControllerState(client, self.namespace)
+        self.control_cms: Reflector[ConfigMap] = Reflector(
+            client,
+            ConfigMap,
+            namespace=self.namespace,
+            labels={COMPONENT_LABEL: CONTROL_COMPONENT},
+            name="remedy-control",
+        )
         self.evictor = Evictor(client, policy.eviction, on_event=self._eviction_event)
         self.nodes = NodeWriter(client, on_change=self._node_changed)
         self.model = ClusterModel(records_namespace=self.namespace)
         self._feeds: list[tuple[Reflector[Any], Callable[..., None]]] = [
             (self.pods, self._feed("Pod")),
             (self.health, self._feed("ConfigMap")),
+            (self.control_cms, self._feed_control),
         ]
         self._seen_errors: dict[str, BaseException] = {}
         self._since_wall: dict[DeviceKey, tuple[str, float]] = {}  # fallback taints' start
@@ -310,6 +327,7 @@ class RemediationController:
                 await r.start()
             await self._wait_synced(reflectors)
             await self._load_history()
+            await self._load_state()
             self._seed()
             await self._seed_nodes()
             _release_list_memory()
@@ -378,6 +396,17 @@ class RemediationController:
 
         return on_event
 
+    def _feed_control(self, event_type: str, obj: Any, _old: Any) -> None:
+        self.control.apply(event_type, getattr(obj, "data", None))
+        self._wake.set()
+
+    async def _load_state(self) -> None:
+        """Read the state ConfigMap back: what the last leader kept (see _control)."""
+        try:
+            await self.state.load()
+        except ApiError as exc:
+            log.warning("reading the remediation state failed: %s", exc.status.message)
+
     def _feed_rule(self, event_type: str, obj: Any, _old: Any) -> None:
         raw = to_internal(as_dict(obj))
         scope = selector_scope((raw.get("spec") or {}).get("deviceSelector"))
@@ -434,6 +463,7 @@ class RemediationController:
         self._start_validations(now)
         self.metrics.pending_evictions.set(self.evictor.pending)
         await self._flush_history()
+        await self.state.flush()
 
     # -- modes -----------------------------------------------------------------------
 
