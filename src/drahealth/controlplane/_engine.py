@@ -28,7 +28,7 @@ from drahealth.core import KubeProfile
 
 from . import _apply, _status
 from ._decode import DecodeError, TooLarge, check_object
-from ._eviction import check_eviction, pdb_status
+from ._eviction import check_eviction, eviction_condition, pdb_status, with_condition
 from ._patch import PatchError, PatchTooLarge, json_patch, merge_patch, strategic_merge
 from ._resources import PRIMITIVE_MERGE_LISTS, Registry, ResourceType, lookup, registry
 from ._selectors import FieldSelector, LabelSelector
@@ -486,6 +486,24 @@ class Engine:
         self, rt: ResourceType, ns: str | None, name: str, options: JSON, opts: WriteOptions
     ) -> JSON:
         old = self.get(rt, ns, name)
+        self._check_preconditions(rt, old, options)
+        if rt is NAMESPACES and name in PROTECTED_NAMESPACES:
+            raise APIError(
+                _status.status(
+                    403,
+                    f'namespaces "{name}" is forbidden: this namespace may not be deleted',
+                    "Forbidden",
+                    name=name,
+                    kind="namespaces",
+                )
+            )
+        if opts.dry_run:
+            return old
+        return self._delete(rt, old)
+
+    def _check_preconditions(self, rt: ResourceType, old: JSON, options: JSON) -> None:
+        """A delete's ``preconditions`` (uid, resourceVersion) against the stored object."""
+        name = str(_meta(old).get("name"))
         pre = options.get("preconditions") or {}
         meta = _meta(old)
         if pre.get("uid") and pre["uid"] != meta.get("uid"):
@@ -507,19 +525,6 @@ class Engine:
                 f"{pre['resourceVersion']}, ResourceVersion in object meta: "
                 f"{meta.get('resourceVersion')}",
             )
-        if rt is NAMESPACES and name in PROTECTED_NAMESPACES:
-            raise APIError(
-                _status.status(
-                    403,
-                    f'namespaces "{name}" is forbidden: this namespace may not be deleted',
-                    "Forbidden",
-                    name=name,
-                    kind="namespaces",
-                )
-            )
-        if opts.dry_run:
-            return old
-        return self._delete(rt, old)
 
     def _delete(self, rt: ResourceType, old: JSON) -> JSON:
         meta = _meta(old)
@@ -661,7 +666,29 @@ class Engine:
         if not isinstance(options, dict):
             raise _status.bad_request("deleteOptions must be an object")
         dry = opts.dry_run or "All" in (options.get("dryRun") or [])
+        if not dry:
+            options = self._mark_disrupted(pod, options, opts)
         self.delete(PODS, ns, name, options, WriteOptions(opts.manager, dry_run=dry))
+
+    def _mark_disrupted(self, pod: JSON, options: JSON, opts: WriteOptions) -> JSON:
+        """Upstream's ``addConditionAndDeletePod``: the pod gets ``DisruptionTarget``
+        (``EvictionByEvictionAPI``) through its status before it is deleted, so a Job's
+        ``podFailurePolicy`` can tell an eviction from a failure. The delete's
+        preconditions are checked first, and a resourceVersion precondition moves to
+        the version this write made. Returns the delete options to use."""
+        self._check_preconditions(PODS, pod, options)
+        conditions, changed = with_condition(pod.get("status"), eviction_condition(), now_rfc3339())
+        if not changed:
+            return options
+        candidate = copy.deepcopy(pod)
+        candidate.setdefault("status", {})["conditions"] = conditions
+        updated = self._commit(PODS, pod, candidate, "status", WriteOptions(opts.manager),
+                               tracked=True)  # fmt: skip
+        pre = options.get("preconditions") or {}
+        if pre.get("resourceVersion"):
+            rv = _meta(updated).get("resourceVersion")
+            options = {**options, "preconditions": {**pre, "resourceVersion": rv}}
+        return options
 
     # ------------------------------------------------------------------ side effects
 

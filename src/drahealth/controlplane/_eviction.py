@@ -1,9 +1,12 @@
-"""PodDisruptionBudget arithmetic and the eviction decision.
+"""PodDisruptionBudget arithmetic, the eviction decision and the disruption condition.
 
 Owns how a PDB's ``status`` follows from the pods its selector matches
 (``expectedPods``, ``currentHealthy``, ``desiredHealthy``, ``disruptionsAllowed``,
-``observedGeneration``, the ``DisruptionAllowed`` condition) and whether an eviction
-may proceed. Pure functions; the server stores the results.
+``observedGeneration``, the ``DisruptionAllowed`` condition), whether an eviction
+may proceed, and the ``DisruptionTarget`` pod condition an eviction (or a taint
+eviction controller) adds before it deletes the pod, with upstream's
+``UpdatePodCondition`` rule for ``lastTransitionTime``. Pure functions; the server
+stores the results.
 
 Simplifications: a pod is healthy when it is not being deleted, its phase is
 ``Running`` and its ``Ready`` condition is ``True`` (a Running pod without any
@@ -23,6 +26,47 @@ from ._status import APIError, cause, status
 
 JSON = dict[str, Any]
 EVICTION_BLOCKED = "Cannot evict pod as it would violate the pod's disruption budget."
+#: The pod condition a disruption sets before the pod is deleted (``podFailurePolicy``
+#: rules match it: a Job can ignore evictions instead of counting them as failures).
+DISRUPTION_TARGET = "DisruptionTarget"
+#: Reason and message of the eviction subresource's condition (upstream's
+#: pkg/registry/core/pod/storage/eviction.go, ``addConditionAndDeletePod``).
+EVICTION_REASON = "EvictionByEvictionAPI"
+EVICTION_MESSAGE = "Eviction API: evicting"
+
+
+def eviction_condition() -> JSON:
+    """The ``DisruptionTarget`` condition the eviction subresource adds."""
+    return {
+        "type": DISRUPTION_TARGET,
+        "status": "True",
+        "reason": EVICTION_REASON,
+        "message": EVICTION_MESSAGE,
+    }
+
+
+def with_condition(status: JSON | None, condition: JSON, now: str) -> tuple[list[JSON], bool]:
+    """The pod's conditions with ``condition`` set, and whether anything changed.
+
+    Upstream's ``UpdatePodCondition``: a new type is appended with
+    ``lastTransitionTime`` ``now``; an existing one is replaced in place, keeping its
+    ``lastTransitionTime`` while its ``status`` stays the same. ``status`` is not
+    modified.
+    """
+    conditions = [dict(c) for c in (status or {}).get("conditions") or [] if isinstance(c, dict)]
+    new = {**condition, "lastTransitionTime": now}
+    for i, old in enumerate(conditions):
+        if old.get("type") != condition.get("type"):
+            continue
+        if old.get("status") == new.get("status") and old.get("lastTransitionTime"):
+            new["lastTransitionTime"] = old["lastTransitionTime"]
+        changed = any(
+            old.get(k) != new.get(k)
+            for k in ("status", "reason", "message", "lastProbeTime", "lastTransitionTime")
+        )
+        conditions[i] = new
+        return conditions, changed
+    return [*conditions, new], True
 
 
 def pod_ready(pod: JSON) -> bool:

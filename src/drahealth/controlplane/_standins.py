@@ -40,8 +40,10 @@ from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, Resource
 from lightkube.types import PatchType
 
 from drahealth._aio import cancel_and_wait
+from drahealth._time import now_rfc3339
 from drahealth.controlplane._allocate import Device, devices_from_slices
 from drahealth.controlplane._claims import ClaimsStandIn
+from drahealth.controlplane._eviction import with_condition
 from drahealth.controlplane._jobs import JobStandIn
 from drahealth.controlplane._loop import reconcile_loop
 from drahealth.controlplane._scheduler import SchedulerStandIn, rule_class, rule_taints
@@ -222,15 +224,13 @@ class TaintEvictionStandIn:
             "reason": "DeletionByDeviceTaintManager",
             "message": "Device Taint manager: deleting due to NoExecute taint",
         }
-        conditions = [
-            c for c in (pod.get("status") or {}).get("conditions") or []
-            if c.get("type") != "DisruptionTarget"
-        ]  # fmt: skip
-        with contextlib.suppress(ApiError):
-            await self.client.patch(
-                Pod.Status, meta["name"], {"status": {"conditions": [*conditions, condition]}},
-                namespace=meta["namespace"], patch_type=PatchType.MERGE,
-            )  # fmt: skip
+        conditions, changed = with_condition(pod.get("status"), condition, now_rfc3339())
+        if changed:
+            with contextlib.suppress(ApiError):
+                await self.client.patch(
+                    Pod.Status, meta["name"], {"status": {"conditions": conditions}},
+                    namespace=meta["namespace"], patch_type=PatchType.MERGE,
+                )  # fmt: skip
         # the Event upstream's controller records on the pod before deleting it
         event = make_event(
             name=f"{meta['name']}.{secrets.token_hex(8)}",
