@@ -25,10 +25,16 @@ from typing import Any, Final, Literal
 import re2  # type: ignore[import-untyped]  # google-re2 ships no type information
 
 from drahealth.core._health import HEALTH_MESSAGE_MAX_BYTES, Health
+from drahealth.core._limits import Limits
+from drahealth.core._rollup import NodeRollupPolicy
 
 __all__ = [
+    "BURN_IN_NEW",
+    "BURN_IN_REPAIRED",
     "DEFAULT_TAINT_KEY",
+    "OUTCOMES",
     "Action",
+    "BurnIn",
     "DeviceFacts",
     "Eviction",
     "Hysteresis",
@@ -37,6 +43,7 @@ __all__ = [
     "PatternError",
     "Policy",
     "PolicyError",
+    "Profile",
     "Recovery",
     "Rule",
     "Step",
@@ -47,6 +54,8 @@ __all__ = [
 DEFAULT_TAINT_KEY: Final = "drahealth.io/unhealthy"
 Effect = Literal["None", "NoSchedule", "NoExecute"]
 EFFECT_ORDER: Final[dict[str, int]] = {"None": 0, "NoSchedule": 1, "NoExecute": 2}
+Outcome = Literal["taint", "ignore", "degraded"]
+OUTCOMES: Final = ("taint", "ignore", "degraded")
 AttributeValue = str | int | bool
 
 
@@ -187,6 +196,9 @@ class Action:
     #: This rule's remediation when the controller runs without DeviceTaintRules because
     #: the server serves none (mode ``auto``); None: the policy's ``remediation_fallback``.
     fallback: str | None = None
+    #: ``taint`` (the default), ``ignore`` (the match ends the search and nothing is done:
+    #: no taint, Event or history) or ``degraded`` (shown in views and Events, no taint).
+    outcome: Outcome = "taint"
 
     def effect_at(self, tainted_for: float) -> Effect:
         effect = self.effect
@@ -221,6 +233,28 @@ class Recovery:
     validate: Validate | None = None
 
 
+BURN_IN_NEW: Final = "new device"
+BURN_IN_REPAIRED: Final = "after repair"
+
+
+@dataclass(frozen=True, slots=True)
+class BurnIn:
+    """Devices that appear (``new``) or come back from a repair (``repaired``) carry a
+    burn-in taint until ``validate`` passes; a failed validation is retried after
+    ``retry_initial`` seconds, doubling up to ``retry_max``."""
+
+    validate: Validate
+    effect: Effect = "NoSchedule"
+    applies_to: frozenset[str] = frozenset({"new", "repaired"})
+    retry_initial: float = 10.0
+    retry_max: float = 600.0
+
+    def applies(self, why: str) -> bool:
+        """Whether a device that burns in for ``why`` (:data:`BURN_IN_NEW`, ...) does."""
+        kind = {BURN_IN_NEW: "new", BURN_IN_REPAIRED: "repaired"}.get(why)
+        return kind in self.applies_to
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
     name: str
@@ -247,6 +281,24 @@ class Eviction:
 
 
 @dataclass(frozen=True, slots=True)
+class Profile:
+    """A group of devices with their own rules and limits (e.g. one pool or one class).
+
+    The first profile whose ``match`` covers a device (driver, pool, device glob,
+    attributes; its health and message are not used) owns it: ``rules`` replace the
+    policy's rules for it (None: the policy's rules apply), ``limits`` add caps of its
+    own to the policy's, and ``observe_only`` makes its devices report-only (Events and
+    history, nothing written), for a staged rollout.
+    """
+
+    name: str
+    match: Match
+    rules: tuple[Rule, ...] | None = None
+    limits: Limits | None = None
+    observe_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     rules: tuple[Rule, ...]
     dry_run: bool = False
@@ -257,13 +309,46 @@ class Policy:
     remediation_mode: str = "auto"
     #: What ``auto`` does where no DeviceTaintRule API is served (a mode without rules).
     remediation_fallback: str = "node-taint"
+    #: The Node condition and optional node taint a node's device health adds up to.
+    node_rollup: NodeRollupPolicy = field(default_factory=NodeRollupPolicy)
+    #: The burn-in gate for new and repaired devices (None: none).
+    burn_in: BurnIn | None = None
+
+    #: Blast-radius limits on new taints (None: none); see ``drahealth.core._breaker``.
+    limits: Limits | None = None
+    #: Device groups with their own rules, limits and observe-only mode; first match wins.
+    profiles: tuple[Profile, ...] = ()
 
     def rule_named(self, name: str) -> Rule | None:
-        return next((r for r in self.rules if r.name == name), None)
+        return next((r for r in self.all_rules() if r.name == name), None)
+
+    def all_rules(self) -> tuple[Rule, ...]:
+        """The policy's rules, then each profile's own (rule names are unique)."""
+        if not self.profiles:
+            return self.rules
+        out = list(self.rules)
+        for p in self.profiles:
+            out += p.rules or ()
+        return tuple(out)
+
+    def profile_for(self, facts: DeviceFacts) -> Profile | None:
+        """The first profile whose match covers the device, or None."""
+        for profile in self.profiles:
+            if profile.match.device_matches(facts):
+                return profile
+        return None
+
+    def rules_for(self, facts: DeviceFacts) -> tuple[Rule, ...]:
+        """The rules that apply to the device: its profile's, else the policy's."""
+        if self.profiles:
+            profile = self.profile_for(facts)
+            if profile is not None and profile.rules is not None:
+                return profile.rules
+        return self.rules
 
     def rule_for(self, facts: DeviceFacts, health: Health, message: str) -> Rule | None:
         """The first rule matching the device in this health, or None."""
-        for rule in self.rules:
+        for rule in self.rules_for(facts):
             if rule.match.matches(facts, health, message):
                 return rule
         return None

@@ -27,10 +27,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from drahealth.core._burnin import BURN_IN_RULE, BURN_IN_TAINT_KEY, BurnInTracker, burn_in_why
 from drahealth.core._health import DeviceKey, Health
 from drahealth.core._policy import EFFECT_ORDER, DeviceFacts, Policy, Rule
+from drahealth.core._rollup import explain_rollup
 
-__all__ = ["RemedyEngine", "Want", "explain"]
+__all__ = ["Degraded", "RemedyEngine", "Want", "explain"]
 
 Validation = Literal["none", "pending", "passed"]
 
@@ -44,6 +46,16 @@ class Want:
     value: str
     rule: str
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Degraded:
+    """A device a ``degraded`` rule matches: shown and reported, never tainted."""
+
+    rule: str
+    reason: str
+    since: float
+    node: str
 
 
 @dataclass(slots=True)
@@ -61,6 +73,7 @@ class _Device:
     changes: deque[float] = field(default_factory=deque)
     validation: Validation = "none"
     reported: float = float("-inf")  # the last wants() that covered this device
+    quiet: bool = False  # the last observation matched an ignore or degraded rule
 
 
 class RemedyEngine:
@@ -74,8 +87,13 @@ class RemedyEngine:
         self._active: set[DeviceKey] = set()
         #: health changes older than this count for no rule's hysteresis
         self._horizon = max(
-            (r.hysteresis.window for r in policy.rules if r.hysteresis), default=0.0
+            (r.hysteresis.window for r in policy.all_rules() if r.hysteresis), default=0.0
         )
+        #: the burn-in gate (new and repaired devices), merged into :meth:`wants`
+        self.burn_ins = BurnInTracker(policy.burn_in)
+        #: devices a ``degraded`` rule matches now; ``degraded_version`` counts changes
+        self.degraded: dict[DeviceKey, Degraded] = {}
+        self.degraded_version = 0
 
     # -- input -------------------------------------------------------------------
 
@@ -88,14 +106,20 @@ class RemedyEngine:
         else:
             self._advance(d, now)  # what the old state led to by now
         d.facts = facts
-        changed = d.observed and health is not d.health
+        rule = self.policy.rule_for(facts, health, message)
+        outcome = "taint" if rule is None else rule.action.outcome
+        self._set_degraded(key, rule if outcome == "degraded" else None, facts, message, now)
+        # an ignored or degraded observation is no transition: it cannot make a device flap
+        quiet, d.quiet = d.quiet, outcome != "taint"
+        if outcome != "taint":
+            rule = None
+        changed = d.observed and health is not d.health and not (quiet or d.quiet)
         if changed:
             d.changes.append(now)
         while d.changes and d.changes[0] <= now - self._horizon:
             d.changes.popleft()
         d.observed = True
         d.health, d.message = health, message
-        rule = self.policy.rule_for(facts, health, message)
         if rule is not None:
             if d.bad_since is None:
                 d.bad_since = now
@@ -116,10 +140,19 @@ class RemedyEngine:
     def seed(self, facts: DeviceFacts, want: Want, since: float) -> None:
         """Resume a device that carries the controller's taint ``want`` since ``since``."""
         key = DeviceKey(facts.driver, facts.pool, facts.device)
+        if want.key == BURN_IN_TAINT_KEY:  # the burn-in gate's taint, not a rule's
+            why = burn_in_why(want.value)
+            if why is not None:
+                self.burn_ins.resume(key, why, since)
+            return
         d = self._devices.setdefault(key, _Device(facts))
-        rule = next((r for r in self.policy.rules if r.name == want.rule), None)
+        rule = next((r for r in self.policy.rules_for(facts) if r.name == want.rule), None)
+        if rule is None:  # the rule names are unique across the profiles
+            rule = self.policy.rule_named(want.rule)
         if rule is None:  # the rule left the policy: keep the taint under the first rule
-            rule = next((r for r in self.policy.rules if r.match.device_matches(facts)), None)
+            rule = next(
+                (r for r in self.policy.rules_for(facts) if r.match.device_matches(facts)), None
+            )
         if rule is None:
             return  # nothing in the policy covers it any more: recovery removes it
         # ``since`` is the taint's timeAdded, which moves when the effect changes: an
@@ -136,6 +169,46 @@ class RemedyEngine:
     def forget(self, key: DeviceKey) -> None:
         self._devices.pop(key, None)
         self._active.discard(key)
+        self.burn_ins.forget(key)
+        if self.degraded.pop(key, None) is not None:
+            self.degraded_version += 1
+
+    def burn_in(self, key: DeviceKey, why: str, now: float) -> bool:
+        """Start the burn-in gate for ``key`` (``why``: ``BURN_IN_NEW`` or
+        ``BURN_IN_REPAIRED``); False when the policy does not burn in for ``why``."""
+        return self.burn_ins.start(key, why, now)
+
+    def pending_burn_ins(self, now: float) -> list[DeviceKey]:
+        """Burning-in devices whose validation should run now (marked validating):
+        those no rule wants a taint for, and not waiting out a retry."""
+        ready = set()
+        for key in self.burn_ins.devices:
+            d = self._devices.get(key)
+            if d is not None:
+                self._advance(d, now)
+            if d is None or (d.tainted_since is None and d.bad_since is None):
+                ready.add(key)
+        return self.burn_ins.due(now, ready)
+
+    def burn_in_result(self, key: DeviceKey, ok: bool, now: float, detail: str = "") -> bool | None:
+        """A burn-in validation's answer; see :meth:`BurnInTracker.result`."""
+        return self.burn_ins.result(key, ok, now, detail)
+
+    def _set_degraded(
+        self, key: DeviceKey, rule: Rule | None, facts: DeviceFacts, message: str, now: float
+    ) -> None:
+        old = self.degraded.get(key)
+        if rule is None:
+            if old is not None:
+                del self.degraded[key]
+                self.degraded_version += 1
+            return
+        reason = message[:1024]
+        if old is not None and (old.rule, old.reason, old.node) == (rule.name, reason, facts.node):
+            return
+        since = now if old is None else old.since
+        self.degraded[key] = Degraded(rule.name, reason, since, facts.node)
+        self.degraded_version += 1
 
     def validated(self, key: DeviceKey, ok: bool, now: float) -> None:
         """The validation hook's answer for a recovered device."""
@@ -165,7 +238,21 @@ class RemedyEngine:
                 if self.policy.dry_run:
                     effect = "None"
                 out[key] = Want(effect, d.rule.action.taint_key, d.value, d.rule.name, d.reason)
+        self._add_burn_ins(out)
         return out
+
+    def _add_burn_ins(self, out: dict[DeviceKey, Want]) -> None:
+        """A burning-in device wants the burn-in taint unless a rule wants one as strong."""
+        policy = self.policy.burn_in
+        if policy is None or not self.burn_ins.devices:
+            return
+        effect = "None" if self.policy.dry_run else policy.effect
+        for key, b in self.burn_ins.devices.items():
+            have = out.get(key)
+            if have is None or EFFECT_ORDER[have.effect] < EFFECT_ORDER[effect]:
+                out[key] = Want(
+                    effect, BURN_IN_TAINT_KEY, b.value, BURN_IN_RULE, f"burn-in: {b.why}"
+                )
 
     def pending_validations(self, now: float) -> list[DeviceKey]:
         """Recovered devices whose validation hook should run now (marked pending)."""
@@ -223,6 +310,9 @@ class RemedyEngine:
                 if rule.hysteresis is not None and d.changes:
                     times.append(d.changes[0] + rule.hysteresis.window)
             due += [t for t in times if t > d.reported]
+        retry = self.burn_ins.next_wakeup(now)
+        if retry is not None:
+            due.append(retry)
         return min(due) if due else None
 
     # -- internals ---------------------------------------------------------------
@@ -297,10 +387,28 @@ def explain(policy: Policy, facts: DeviceFacts, health: Health, message: str) ->
         "rule": None,
         "remediationMode": policy.remediation_mode,
         "dryRun": policy.dry_run,
+        # the node's DRADevicesHealthy condition and node taint (nodeRollup)
+        "nodeRollup": explain_rollup(
+            policy.node_rollup, health, None if rule is None else rule.action.effect
+        ),
     }
+    burn_in = policy.burn_in
+    out["burnIn"] = (
+        None
+        if burn_in is None
+        else {
+            "appliesTo": sorted(burn_in.applies_to),
+            "effect": "None" if policy.dry_run else burn_in.effect,
+            "taintKey": BURN_IN_TAINT_KEY,
+        }
+    )
     if rule is None:
         return out
     action = rule.action
+    out["outcome"] = action.outcome
+    if action.outcome != "taint":  # ignore: nothing at all; degraded: shown, no taint
+        out["rule"] = rule.name
+        return out
     effects = {action.effect, *(s.effect for s in action.escalate)}
     out.update(
         {

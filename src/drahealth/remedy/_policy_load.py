@@ -19,15 +19,21 @@ import msgspec
 import yaml
 
 from drahealth.core import (
+    DEFAULT_NODE_TAINT_KEY,
     DEFAULT_TAINT_KEY,
     EFFECT_ORDER,
+    KUBELET_CONDITION_TYPES,
+    NODE_CONDITION_TYPE,
     REMEDIATION_MODES,
     Action,
+    BurnIn,
     Eviction,
     Health,
     Hysteresis,
     Match,
     MessagePattern,
+    NodeRollupPolicy,
+    NodeTaintPolicy,
     PatternError,
     Policy,
     PolicyError,
@@ -35,6 +41,8 @@ from drahealth.core import (
     Rule,
     Step,
     Validate,
+    is_qualified_name,
+    parse_threshold,
 )
 from drahealth.remedy._rules import RuleError, validate_taint
 
@@ -97,6 +105,7 @@ class _Action(_Base):
     taint_key: str = DEFAULT_TAINT_KEY
     taint_value: str = ""
     fallback: str | None = None
+    outcome: Literal["taint", "ignore", "degraded"] = "taint"
 
 
 class _Hysteresis(_Base):
@@ -135,6 +144,29 @@ class _Remediation(_Base):
     fallback: str = "node-taint"
 
 
+class _TaintNode(_Base):
+    threshold: int | str
+    effect: Literal["NoSchedule", "NoExecute"] = "NoSchedule"
+    key: str = DEFAULT_NODE_TAINT_KEY
+    max_nodes: int | str = "10%"
+
+
+class _NodeRollup(_Base):
+    enabled: bool = True
+    condition_type: str = NODE_CONDITION_TYPE
+    taint_node: _TaintNode | None = None
+
+
+class _BurnIn(_Base):
+    validate: _Validate
+    effect: Literal["NoSchedule", "None"] = "NoSchedule"
+    applies_to: list[Literal["new", "repaired"]] = msgspec.field(
+        default_factory=lambda: ["new", "repaired"]
+    )
+    retry_initial: Duration = 10
+    retry_max: Duration = 600
+
+
 class _Policy(_Base):
     api_version: Literal["drahealth.io/v1"]
     kind: Literal["RemediationPolicy"]
@@ -144,6 +176,8 @@ class _Policy(_Base):
     exclude_namespaces: list[str] = []
     recovery: _Recovery = msgspec.field(default_factory=_Recovery)
     remediation: _Remediation = msgspec.field(default_factory=_Remediation)
+    burn_in: _BurnIn | None = None
+    node_rollup: _NodeRollup = msgspec.field(default_factory=_NodeRollup)
 
 
 #: Modes a fallback may name: the ones that need no DeviceTaintRule API.
@@ -298,6 +332,8 @@ class _Builder:
                 )
             last = after
             steps.append(Step(after, s.effect))
+        if a.outcome != "taint":
+            _quiet_action(self, f"{path}.action", a)
         action = Action(
             effect=a.effect,
             grace=self.seconds(f"{path}.action.gracePeriod", a.grace_period),
@@ -305,6 +341,7 @@ class _Builder:
             taint_key=a.taint_key,
             taint_value=a.taint_value,
             fallback=None if a.fallback is None else self.fallback(f"{path}.action", a.fallback),
+            outcome=a.outcome,
         )
         hysteresis = None
         if r.hysteresis is not None:
@@ -355,4 +392,71 @@ def _build(spec: _Policy, source: str) -> Policy:
         frozenset(spec.exclude_namespaces),
         remediation_mode=mode,
         remediation_fallback=fallback,
+        burn_in=None if spec.burn_in is None else _burn_in(b, spec.burn_in),
+        node_rollup=_node_rollup(b, spec.node_rollup, {r.action.taint_key for r in rules}),
     )
+
+
+def _node_rollup(b: _Builder, r: _NodeRollup, rule_keys: set[str]) -> NodeRollupPolicy:
+    """The ``nodeRollup`` section: the Node condition and the optional node taint (its key
+    differs from the rules' taint keys, which mode node-taint puts on nodes too)."""
+    path = "nodeRollup"
+    kind = r.condition_type
+    if not is_qualified_name(kind):
+        raise b.fail(
+            f"{path}.conditionType",
+            f"{kind!r} is not a qualified name ([prefix/]name, e.g. DRADevicesHealthy)",
+        )
+    if kind in KUBELET_CONDITION_TYPES:
+        raise b.fail(
+            f"{path}.conditionType",
+            f"{kind!r} is the kubelet's condition; choose another type (default "
+            f"{NODE_CONDITION_TYPE})",
+        )
+    taint = None
+    t = r.taint_node
+    if t is not None:
+        thresholds = {}
+        for name, value in (("threshold", t.threshold), ("maxNodes", t.max_nodes)):
+            try:
+                thresholds[name] = parse_threshold(value)
+            except ValueError as exc:
+                raise b.fail(f"{path}.taintNode.{name}", str(exc)) from exc
+        try:
+            validate_taint(t.key, "", t.effect)
+        except RuleError as exc:
+            raise b.fail(f"{path}.taintNode.key", str(exc)) from exc
+        if t.key in rule_keys:
+            raise b.fail(
+                f"{path}.taintNode.key",
+                f"{t.key!r} is a rule's taint key (node-taint mode writes it on nodes too); "
+                f"choose another, e.g. {DEFAULT_NODE_TAINT_KEY}",
+            )
+        taint = NodeTaintPolicy(thresholds["threshold"], t.effect, t.key, thresholds["maxNodes"])
+    return NodeRollupPolicy(r.enabled, kind, taint)
+
+
+def _quiet_action(b: _Builder, path: str, a: _Action) -> None:
+    """An ``ignore`` or ``degraded`` rule writes no taint: taint fields are a mistake."""
+    for field, given in (
+        ("escalate", bool(a.escalate)),
+        ("gracePeriod", a.grace_period not in (0, "0", "0s")),
+        ("taintKey", a.taint_key != DEFAULT_TAINT_KEY),
+        ("taintValue", bool(a.taint_value)),
+        ("fallback", a.fallback is not None),
+    ):
+        if given:
+            raise b.fail(f"{path}.{field}", f"has no use with outcome {a.outcome} (no taint)")
+
+
+def _burn_in(b: _Builder, r: _BurnIn) -> BurnIn:
+    """The ``burnIn`` section: the validation new and repaired devices must pass."""
+    validate = b.recovery("burnIn", _Recovery(validate=r.validate)).validate
+    assert validate is not None  # _Recovery.validate was given
+    if not r.applies_to:
+        raise b.fail("burnIn.appliesTo", "must list new, repaired or both")
+    initial = b.seconds("burnIn.retryInitial", r.retry_initial, positive=True)
+    most = b.seconds("burnIn.retryMax", r.retry_max, positive=True)
+    if most < initial:
+        raise b.fail("burnIn.retryMax", f"must be at least retryInitial ({initial:g} s)")
+    return BurnIn(validate, r.effect, frozenset(r.applies_to), initial, most)
