@@ -188,7 +188,7 @@ class TaintEvictionStandIn:
     ) -> tuple[str, tuple[str, str, str], Taint] | None:
         """(why, device, taint) of the first taint that evicts ``pod``, or None."""
         meta = pod["metadata"]
-        for claim_name in pod_claim_names(pod).values():
+        for claim_name in pod_claim_names(pod, extended=False).values():
             claim = self.claims.store.get(meta["namespace"], claim_name)
             if claim is None:
                 continue

@@ -1,11 +1,19 @@
 """How a pod names its ResourceClaims: the one pod -> claim-name resolution.
 
-Owns :func:`resolve_claim_name` and :func:`pod_claim_names`, shared by the Pod-status
-builder, the cluster read model, the controllers and the control plane's stand-ins.
-The rule is the kubelet's: a pod-level claim reference names its ResourceClaim by
-``resourceClaimName``; one made from a ``resourceClaimTemplateName`` has the generated
-name recorded in ``status.resourceClaimStatuses`` (the first entry of that name); a
-reference with neither has no claim (the API server refuses such a pod).
+Owns :func:`resolve_claim_name`, :func:`pod_claim_names` and
+:func:`extended_resource_claim`, shared by the Pod-status builder, the cluster read
+model, the controllers and the control plane's stand-ins. The rule is the kubelet's: a
+pod-level claim reference names its ResourceClaim by ``resourceClaimName``; one made
+from a ``resourceClaimTemplateName`` has the generated name recorded in
+``status.resourceClaimStatuses`` (the first entry of that name); a reference with
+neither has no claim (the API server refuses such a pod).
+
+A pod that asked for an extended resource backed by DRA (KEP-5004,
+``resources.requests: {example.com/gpu: 1}``) has one more claim, the special claim the
+scheduler created: ``status.extendedResourceClaimStatus.resourceClaimName``, with
+``requestMappings`` saying which of its requests serve which container's resource.
+:func:`pod_claim_names` lists it under :data:`EXTENDED_RESOURCES_REF`, a key no pod
+claim reference can have (they are DNS labels), unless ``extended=False``.
 
 ``strict=True`` (the status builder) raises :class:`StatusInputError` naming the
 malformed field; the default skips what is malformed. No I/O.
@@ -14,9 +22,20 @@ malformed field; the default skips what is malformed. No I/O.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Final
 
-__all__ = ["StatusInputError", "pod_claim_names", "resolve_claim_name"]
+__all__ = [
+    "EXTENDED_RESOURCES_REF",
+    "ExtendedClaim",
+    "StatusInputError",
+    "extended_resource_claim",
+    "pod_claim_names",
+    "resolve_claim_name",
+]
+
+#: The :func:`pod_claim_names` key of a pod's special claim for extended resources.
+EXTENDED_RESOURCES_REF: Final = "<extended-resources>"
 
 
 class StatusInputError(ValueError):
@@ -107,11 +126,74 @@ def resolve_claim_name(
     return None
 
 
-def pod_claim_names(pod: Mapping[str, Any], *, strict: bool = False) -> dict[str, str]:
+def pod_claim_names(
+    pod: Mapping[str, Any], *, strict: bool = False, extended: bool = True
+) -> dict[str, str]:
     """Pod claim reference name -> ResourceClaim name, for each reference whose claim
-    name is known (the first reference of a name counts)."""
+    name is known (the first reference of a name counts), and, with ``extended``, the
+    special claim for extended resources under :data:`EXTENDED_RESOURCES_REF`."""
     out: dict[str, str] = {}
     for ref, claim in _refs(pod, strict):
         if claim and ref not in out:
             out[ref] = claim
+    special = extended_resource_claim(pod, strict=strict) if extended else None
+    if special is not None:
+        out[EXTENDED_RESOURCES_REF] = special.name
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class ExtendedClaim:
+    """A pod's special claim for extended resources backed by DRA."""
+
+    #: the ResourceClaim's name (in the pod's namespace)
+    name: str
+    #: (container name, resource name) -> the claim's requests serving it, in order
+    requests: Mapping[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+
+    def resources(self, container: str) -> list[str]:
+        """The extended resource names the claim serves for ``container``, sorted."""
+        return sorted(r for c, r in self.requests if c == container)
+
+    def entry_request(self, container: str, resource: str) -> str | None:
+        """Which of the claim's devices an ``allocatedResourcesStatus`` entry named
+        ``resource`` in ``container``'s status speaks for: its one request's (the
+        request name), every device of the claim (``""``: matched by resourceID alone)
+        when several requests serve it, ``None`` when the claim does not serve it."""
+        found = self.requests.get((container, resource))
+        if not found:
+            return None
+        return found[0] if len(found) == 1 else ""
+
+
+def extended_resource_claim(
+    pod: Mapping[str, Any], *, strict: bool = False
+) -> ExtendedClaim | None:
+    """The pod's special claim (``status.extendedResourceClaimStatus``), ``None`` when it
+    has none or, unless ``strict``, when the field is malformed."""
+    where = "status.extendedResourceClaimStatus"
+    status = _obj(pod.get("status"), "status", strict) or {}
+    ext = _obj(status.get("extendedResourceClaimStatus"), where, strict)
+    if not ext:
+        return None
+    name = _text(ext.get("resourceClaimName"), f"{where}.resourceClaimName", strict)
+    if not name:
+        return None
+    requests: dict[tuple[str, str], tuple[str, ...]] = {}
+    mappings = _list(ext.get("requestMappings"), f"{where}.requestMappings", strict)
+    for i, raw in enumerate(mappings):
+        at = f"{where}.requestMappings[{i}]"
+        m = _obj(raw, at, strict)
+        if not m:
+            continue
+        fields = [
+            _text(m.get(k), f"{at}.{k}", strict, required=True)
+            for k in ("containerName", "resourceName", "requestName")
+        ]
+        container, resource, request = fields
+        if not (container and resource and request):
+            continue
+        held = requests.get((container, resource), ())
+        if request not in held:
+            requests[(container, resource)] = (*held, request)
+    return ExtendedClaim(name, requests)
