@@ -31,7 +31,14 @@ from drahealth.core._cluster import (
     device_attributes,
     resolve_resource,
 )
-from drahealth.core._cluster_pods import StatusInputError, pod_claim_names, resolve_claim_name
+from drahealth.core._cluster_pods import (
+    EXTENDED_RESOURCES_REF,
+    ExtendedClaim,
+    StatusInputError,
+    extended_resource_claim,
+    pod_claim_names,
+    resolve_claim_name,
+)
 from drahealth.core._cluster_records import (
     DEFAULT_NAMESPACE,
     LABELS,

@@ -1,0 +1,575 @@
+"""The remediation controller's state, as the views read it: typed records from raw JSON.
+
+Owns the one reading of the ConfigMap ``drahealth-remediation-state`` that ``drahealth
+status``, ``drahealth history`` and the dashboard share. The controller writes one JSON
+value per key, each key owned by one guard rail:
+
+* ``breaker``: ``{"tripped": [{scope, group, limit, max, count, window, since, resume}],
+  "held": [{device, rule, effect, since, reason}], "admitted": [...]}`` (``admitted`` is
+  the breaker's own bookkeeping and is not read here);
+* ``needsHuman``: ``{DEVICE: {since, why, rule, node}}``;
+* ``holds``: ``{DEVICE: {until, by, reason}}`` (an operator's ``untaint --hold``);
+* ``degraded``: ``{DEVICE: {since, rule, reason, node}}``;
+* ``burnIn``: ``{DEVICE: {since, why, node}}``;
+* ``repairs``: ``{DEVICE: {phase, attempt, kind, since, detail}}``.
+
+``DEVICE`` is ``DRIVER/POOL/DEVICE``. :func:`parse_state_data` takes the ConfigMap's
+``data`` (strings), :func:`parse_state` values already decoded. Both are tolerant and
+bounded, since the ConfigMap can be edited by hand: a value that is not JSON, is too
+large or has the wrong type is skipped with a note; an entry that is not an object or
+names no valid device is skipped (counted in one note per key); a field of the wrong
+type, or a number that is not a finite integer, reads as missing; unknown fields are
+ignored; text is cut to :data:`MAX_TEXT` characters; at most :data:`MAX_ENTRIES` entries
+are kept per list (the note says how many there were) and at most :data:`MAX_NOTES`
+notes. Timestamps stay as written (RFC 3339); :func:`parse_rfc3339` reads one. No I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeVar
+
+from drahealth.core._health import DeviceKey
+
+__all__ = [
+    "BREAKER_KEY",
+    "BURN_IN_KEY",
+    "DEGRADED_KEY",
+    "HOLDS_KEY",
+    "MAX_ENTRIES",
+    "MAX_NOTES",
+    "MAX_TEXT",
+    "MAX_VALUE_BYTES",
+    "NEEDS_HUMAN_KEY",
+    "REMEDIATION_MARKERS",
+    "REPAIRS_KEY",
+    "STATE_KEYS",
+    "BreakerHeld",
+    "BreakerTrip",
+    "BurnInEntry",
+    "DegradedEntry",
+    "HoldEntry",
+    "NeedsHumanEntry",
+    "RemediationState",
+    "RepairEntry",
+    "mentions_device",
+    "parse_rfc3339",
+    "parse_state",
+    "parse_state_data",
+]
+
+BREAKER_KEY: Final = "breaker"
+NEEDS_HUMAN_KEY: Final = "needsHuman"
+HOLDS_KEY: Final = "holds"
+DEGRADED_KEY: Final = "degraded"
+BURN_IN_KEY: Final = "burnIn"
+REPAIRS_KEY: Final = "repairs"
+#: The keys read here, in the order the views show them.
+STATE_KEYS: Final = (
+    BREAKER_KEY,
+    NEEDS_HUMAN_KEY,
+    HOLDS_KEY,
+    DEGRADED_KEY,
+    BURN_IN_KEY,
+    REPAIRS_KEY,
+)
+
+#: Largest value (UTF-8 bytes) read per key, as the controller caps what it writes.
+MAX_VALUE_BYTES: Final = 256 * 1024
+#: Entries kept per list or map (the rest are counted, not kept).
+MAX_ENTRIES: Final = 1000
+#: Characters kept of one text field.
+MAX_TEXT: Final = 512
+#: Notes kept (then one saying how many more there were).
+MAX_NOTES: Final = 20
+#: Largest integer read (anything larger is not a count a controller writes).
+_MAX_INT: Final = 2**53
+
+#: Per-device markers, most urgent first, with what each means.
+REMEDIATION_MARKERS: Final = {
+    "NEEDS-HUMAN": "repeated faults or failed repairs: no automatic untaint until cleared",
+    "PAUSED": "a new taint held back by the circuit breaker",
+    "HELD": "an operator's hold: the controller does not taint it again until then",
+    "REPAIR-FAILED": "its last repair failed",
+    "REPAIRING": "a repair is waiting for the drain or running",
+    "DEGRADED": "degraded: shown, nothing scheduled away from it",
+    "BURN-IN": "tainted NoSchedule until a validation passes",
+}
+
+_REPAIRING_PHASES: Final = frozenset({"waiting-drain", "running"})
+
+
+def parse_rfc3339(value: str) -> float | None:
+    """Unix time of an RFC 3339 timestamp, or None when it is not one."""
+    if not value or len(value) > 64:
+        return None
+    try:
+        stamp = datetime.datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        return None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=datetime.UTC)
+    return stamp.timestamp()
+
+
+def mentions_device(text: str, device: str) -> bool:
+    """Whether ``text`` names ``device`` (``DRIVER/POOL/DEVICE``) as a whole word.
+
+    ``.../gpu-1`` is not named by a text about ``.../gpu-10``, nor ``a.example.com/...``
+    by one about ``xa.example.com/...``.
+    """
+    if not device:
+        return False
+    start = text.find(device)
+    while start >= 0:
+        end = start + len(device)
+        before = text[start - 1] if start else " "
+        after = text[end] if end < len(text) else " "
+        # names are DNS labels and subdomains: "." may end a sentence, never a device name
+        if not (before.isalnum() or before in "-_./") and not (after.isalnum() or after in "-_"):
+            return True
+        start = text.find(device, start + 1)
+    return False
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerTrip:
+    """One limit the circuit breaker found crossed."""
+
+    scope: str  # cluster, profile, driver, pool or node
+    group: str  # the profile/driver/pool/node; "" for the cluster
+    limit: str  # as the policy writes it: "10%" or "5"
+    max: int | None  # the limit as a count of devices
+    count: int | None  # devices counted within the window
+    window: int | None  # seconds
+    since: str
+    resume: str  # manual or auto
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "scope": self.scope, "group": self.group, "limit": self.limit, "max": self.max,
+            "count": self.count, "window": self.window, "since": self.since,
+            "resume": self.resume,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerHeld:
+    """A taint the circuit breaker held back (not written)."""
+
+    device: str
+    rule: str
+    effect: str
+    since: str
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "device": self.device, "rule": self.rule, "effect": self.effect,
+            "since": self.since, "reason": self.reason,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class NeedsHumanEntry:
+    device: str
+    since: str
+    why: str
+    rule: str
+    node: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"since": self.since, "why": self.why, "rule": self.rule, "node": self.node}
+
+
+@dataclass(frozen=True, slots=True)
+class HoldEntry:
+    device: str
+    until: str
+    by: str
+    reason: str
+
+    def expired(self, now: float) -> bool:
+        until = parse_rfc3339(self.until)
+        return until is not None and until <= now
+
+    def to_json(self) -> dict[str, Any]:
+        return {"until": self.until, "by": self.by, "reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
+class DegradedEntry:
+    device: str
+    since: str
+    rule: str
+    reason: str
+    node: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"since": self.since, "rule": self.rule, "reason": self.reason, "node": self.node}
+
+
+@dataclass(frozen=True, slots=True)
+class BurnInEntry:
+    device: str
+    since: str
+    why: str
+    node: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"since": self.since, "why": self.why, "node": self.node}
+
+
+@dataclass(frozen=True, slots=True)
+class RepairEntry:
+    device: str
+    phase: str  # waiting-drain, running, succeeded or failed
+    attempt: int | None
+    kind: str  # exec, webhook or job
+    since: str
+    detail: str
+
+    @property
+    def in_progress(self) -> bool:
+        return self.phase in _REPAIRING_PHASES
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "phase": self.phase, "attempt": self.attempt, "kind": self.kind,
+            "since": self.since, "detail": self.detail,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RemediationState:
+    """What the controller keeps in its state ConfigMap, as far as it could be read.
+
+    ``present`` is False when there is no ConfigMap (nothing to show). ``totals`` counts
+    the entries of each key before :data:`MAX_ENTRIES` cut them (``breaker.held`` under
+    ``"breakerHeld"``); ``notes`` say what was skipped and why.
+    """
+
+    present: bool = False
+    tripped: tuple[BreakerTrip, ...] = ()
+    held: tuple[BreakerHeld, ...] = ()
+    needs_human: tuple[NeedsHumanEntry, ...] = ()
+    holds: tuple[HoldEntry, ...] = ()
+    degraded: tuple[DegradedEntry, ...] = ()
+    burn_in: tuple[BurnInEntry, ...] = ()
+    repairs: tuple[RepairEntry, ...] = ()
+    totals: Mapping[str, int] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def paused(self) -> bool:
+        """The circuit breaker is open: new taints are held."""
+        return bool(self.tripped)
+
+    def total(self, key: str) -> int:
+        return self.totals.get(key, 0)
+
+    def devices(self) -> set[str]:
+        """Every device some key names."""
+        out: set[str] = set()
+        for group in (
+            self.held, self.needs_human, self.holds, self.degraded, self.burn_in, self.repairs
+        ):  # fmt: skip
+            out.update(r.device for r in group)
+        return out
+
+    def device_state(self, device: str, now: float) -> dict[str, Any]:
+        """One device's entries and markers (empty when no key names it)."""
+        out: dict[str, Any] = {}
+        for name, group in (
+            (NEEDS_HUMAN_KEY, self.needs_human),
+            ("hold", self.holds),
+            (DEGRADED_KEY, self.degraded),
+            (BURN_IN_KEY, self.burn_in),
+            ("repair", self.repairs),
+        ):
+            for record in group:
+                if record.device == device:
+                    out[name] = record.to_json()
+                    if isinstance(record, HoldEntry):
+                        out[name]["expired"] = record.expired(now)
+                    break
+        held = [h.to_json() for h in self.held if h.device == device]
+        if held:
+            out["breakerHeld"] = held
+        markers = self.markers(device, now)
+        if markers:
+            out["markers"] = markers
+        return out
+
+    def markers(self, device: str, now: float) -> list[str]:
+        """The :data:`REMEDIATION_MARKERS` that apply to ``device``, most urgent first."""
+        found: set[str] = set()
+        if any(r.device == device for r in self.needs_human):
+            found.add("NEEDS-HUMAN")
+        if any(r.device == device for r in self.held):
+            found.add("PAUSED")
+        if any(r.device == device and not r.expired(now) for r in self.holds):
+            found.add("HELD")
+        for r in self.repairs:
+            if r.device == device:
+                if r.in_progress:
+                    found.add("REPAIRING")
+                elif r.phase == "failed":
+                    found.add("REPAIR-FAILED")
+        if any(r.device == device for r in self.degraded):
+            found.add("DEGRADED")
+        if any(r.device == device for r in self.burn_in):
+            found.add("BURN-IN")
+        return [m for m in REMEDIATION_MARKERS if m in found]
+
+    def to_json(self) -> dict[str, Any]:
+        """The whole state as plain JSON (what the dashboard serves)."""
+        return {
+            "present": self.present,
+            "paused": self.paused,
+            BREAKER_KEY: {
+                "tripped": [t.to_json() for t in self.tripped],
+                "held": [h.to_json() for h in self.held],
+            },
+            NEEDS_HUMAN_KEY: {r.device: r.to_json() for r in self.needs_human},
+            HOLDS_KEY: {r.device: r.to_json() for r in self.holds},
+            DEGRADED_KEY: {r.device: r.to_json() for r in self.degraded},
+            BURN_IN_KEY: {r.device: r.to_json() for r in self.burn_in},
+            REPAIRS_KEY: {r.device: r.to_json() for r in self.repairs},
+            "totals": dict(self.totals),
+            "notes": list(self.notes),
+        }
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+class _Notes:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.dropped = 0
+
+    def add(self, line: str) -> None:
+        if len(self.lines) < MAX_NOTES:
+            self.lines.append(line)
+        else:
+            self.dropped += 1
+
+    def result(self) -> tuple[str, ...]:
+        extra = [f"... and {self.dropped} more problems"] if self.dropped else []
+        return (*self.lines, *extra)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        return ""
+    return value if len(value) <= MAX_TEXT else value[: MAX_TEXT - 3] + "..."
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        return None
+    number = int(value)
+    return number if abs(number) <= _MAX_INT else None
+
+
+def _device(value: Any) -> str | None:
+    if not isinstance(value, str) or len(value) > MAX_TEXT:
+        return None
+    try:
+        DeviceKey.parse(value)
+    except ValueError:
+        return None
+    return value
+
+
+_R = TypeVar("_R", NeedsHumanEntry, HoldEntry, DegradedEntry, BurnInEntry, RepairEntry)
+
+
+def _per_device(
+    key: str,
+    value: Any,
+    build: Callable[[str, Mapping[str, Any]], _R],
+    notes: _Notes,
+    totals: dict[str, int],
+) -> tuple[_R, ...]:
+    """A ``{DEVICE: {...}}`` value -> records sorted by device (bounded, bad ones noted)."""
+    if not isinstance(value, Mapping):
+        notes.add(f"{key}: expected an object of devices, got {_type(value)}: skipped")
+        return ()
+    totals[key] = len(value)
+    bad_device = not_object = 0
+    out: list[_R] = []
+    for device in sorted(value, key=str)[: MAX_ENTRIES * 2]:
+        entry = value[device]
+        name = _device(device)
+        if name is None:
+            bad_device += 1
+        elif not isinstance(entry, Mapping):
+            not_object += 1
+        elif len(out) < MAX_ENTRIES:
+            out.append(build(name, entry))
+    _skipped(notes, key, bad_device, "not DRIVER/POOL/DEVICE")
+    _skipped(notes, key, not_object, "not an object")
+    if len(value) > MAX_ENTRIES:
+        notes.add(f"{key}: {len(value)} devices; showing the first {len(out)}")
+    return tuple(out)
+
+
+def _skipped(notes: _Notes, key: str, count: int, why: str) -> None:
+    if count:
+        notes.add(f"{key}: {count} {'entry' if count == 1 else 'entries'} skipped ({why})")
+
+
+def _type(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(
+        type(value), "null" if value is None else "a number"
+    )
+
+
+def _breaker(
+    value: Any, notes: _Notes, totals: dict[str, int]
+) -> tuple[tuple[BreakerTrip, ...], tuple[BreakerHeld, ...]]:
+    if not isinstance(value, Mapping):
+        notes.add(f"{BREAKER_KEY}: expected an object, got {_type(value)}: skipped")
+        return (), ()
+    trips: list[BreakerTrip] = []
+    held: list[BreakerHeld] = []
+    for part in ("tripped", "held"):
+        items = value.get(part, [])
+        if not isinstance(items, list):
+            notes.add(f"{BREAKER_KEY}.{part}: expected a list, got {_type(items)}: skipped")
+            continue
+        totals["breakerHeld" if part == "held" else "breakerTripped"] = len(items)
+        bad = 0
+        for item in items[: MAX_ENTRIES * 2]:
+            if not isinstance(item, Mapping):
+                bad += 1
+            elif part == "tripped" and len(trips) < MAX_ENTRIES:
+                trips.append(
+                    BreakerTrip(
+                        scope=_text(item.get("scope")) or "cluster",
+                        group=_text(item.get("group")),
+                        limit=_text(item.get("limit")) or _limit_text(item.get("limit")),
+                        max=_int(item.get("max")),
+                        count=_int(item.get("count")),
+                        window=_int(item.get("window")),
+                        since=_text(item.get("since")),
+                        resume=_text(item.get("resume")) or "manual",
+                    )
+                )
+            elif part == "held" and len(held) < MAX_ENTRIES:
+                device = _device(item.get("device"))
+                if device is None:
+                    bad += 1
+                    continue
+                held.append(
+                    BreakerHeld(
+                        device=device,
+                        rule=_text(item.get("rule")),
+                        effect=_text(item.get("effect")),
+                        since=_text(item.get("since")),
+                        reason=_text(item.get("reason")),
+                    )
+                )
+        _skipped(notes, f"{BREAKER_KEY}.{part}", bad, "not an object naming a device")
+        if len(items) > MAX_ENTRIES:
+            notes.add(
+                f"{BREAKER_KEY}.{part}: {len(items)} entries; showing the first {MAX_ENTRIES}"
+            )
+    return tuple(trips), tuple(held)
+
+
+def _limit_text(value: Any) -> str:
+    number = _int(value)
+    return "" if number is None else str(number)
+
+
+def parse_state(values: Mapping[str, Any] | None, *, notes: Iterable[str] = ()) -> RemediationState:
+    """Decoded values of the state ConfigMap (key -> JSON value) -> :class:`RemediationState`.
+
+    ``None`` means there is no ConfigMap. ``notes`` are carried into the result (the
+    problems met while decoding). Keys not read here are ignored.
+    """
+    if values is None:
+        return RemediationState(notes=tuple(notes))
+    found = _Notes()
+    for line in notes:
+        found.add(line)
+    totals: dict[str, int] = {}
+    tripped: tuple[BreakerTrip, ...] = ()
+    held: tuple[BreakerHeld, ...] = ()
+    if BREAKER_KEY in values:
+        tripped, held = _breaker(values[BREAKER_KEY], found, totals)
+
+    given: Mapping[str, Any] = values
+
+    def each(key: str, cls: type[_R]) -> tuple[_R, ...]:
+        if key not in given:
+            return ()
+        return _per_device(key, given[key], lambda d, e: _record(cls, d, e), found, totals)
+
+    return RemediationState(
+        present=True,
+        tripped=tripped,
+        held=held,
+        needs_human=each(NEEDS_HUMAN_KEY, NeedsHumanEntry),
+        holds=each(HOLDS_KEY, HoldEntry),
+        degraded=each(DEGRADED_KEY, DegradedEntry),
+        burn_in=each(BURN_IN_KEY, BurnInEntry),
+        repairs=each(REPAIRS_KEY, RepairEntry),
+        totals=totals,
+        notes=found.result(),
+    )
+
+
+def _record(cls: type[_R], device: str, entry: Mapping[str, Any]) -> _R:
+    """``cls`` from one entry: ``attempt`` an integer, every other field text."""
+    kw: dict[str, Any] = {
+        f.name: _int(entry.get(f.name)) if f.name == "attempt" else _text(entry.get(f.name))
+        for f in dataclasses.fields(cls)
+        if f.name != "device"
+    }
+    return cls(device=device, **kw)
+
+
+def parse_state_data(data: Mapping[str, Any] | None) -> RemediationState:
+    """The state ConfigMap's ``data`` (key -> JSON text) -> :class:`RemediationState`.
+
+    The ConfigMap exists (``data`` None: it has no data); where there is none, use
+    ``RemediationState()``. Only the keys in :data:`STATE_KEYS` are decoded; one that is
+    not a string, is over :data:`MAX_VALUE_BYTES` or is not JSON is skipped with a note.
+    """
+    notes: list[str] = []
+    values: dict[str, Any] = {}
+    if data is not None and not isinstance(data, Mapping):
+        return parse_state({}, notes=[f"data: expected an object, got {_type(data)}: skipped"])
+    for key in STATE_KEYS:
+        if data is None or key not in data:
+            continue
+        text = data[key]
+        if not isinstance(text, str):
+            notes.append(f"{key}: not a string: skipped")
+        elif len(text) > MAX_VALUE_BYTES or len(text.encode("utf-8", "replace")) > MAX_VALUE_BYTES:
+            notes.append(f"{key}: over {MAX_VALUE_BYTES} bytes: skipped")
+        else:
+            try:
+                values[key] = json.loads(text)
+            except (ValueError, RecursionError) as exc:
+                notes.append(f"{key}: not JSON ({_short(exc)}): skipped")
+    return parse_state(values, notes=notes)
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 120 else text[:117] + "..."
