@@ -139,13 +139,55 @@ def _slice_taints_in_use(obj: JSON | None) -> bool:
     return any(isinstance(d, dict) and d.get("taints") for d in devices)
 
 
+def _shared_ids(status: Any) -> set[tuple[str, str, str, str]]:
+    alloc = (status.get("allocation") or {}) if isinstance(status, dict) else {}
+    return {
+        (
+            str(r.get("driver")),
+            str(r.get("pool")),
+            str(r.get("device")),
+            str(r.get("shareID") or ""),
+        )
+        for r in ((alloc.get("devices") or {}).get("results") or [])
+        if isinstance(r, dict)
+    }
+
+
+def _drop_deallocated_status_devices(status: JSON, old: JSON) -> None:
+    """Upstream's ``dropDeallocatedStatusDevices``: entries of devices the old claim had
+    allocated and the new one no longer has go, so a deallocation clears them."""
+    gone = _shared_ids(old.get("status")) - _shared_ids(status)
+    devices = status.get("devices")
+    if not gone or not isinstance(devices, list):
+        return
+    kept = [
+        d
+        for d in devices
+        if not isinstance(d, dict)
+        or (
+            str(d.get("driver")),
+            str(d.get("pool")),
+            str(d.get("device")),
+            str(d.get("shareID") or ""),
+        )
+        not in gone
+    ]
+    if kept:
+        status["devices"] = kept
+    else:
+        status.pop("devices", None)
+
+
 def drop_disabled_fields(
     rt: ResourceType, new: JSON, old: JSON | None, profile: KubeProfile | None
 ) -> None:
     """Remove (in place) the fields ``profile``'s disabled gates take away, as upstream.
 
     ResourceSlice ``spec.devices[].taints`` without ``DRADeviceTaints``, unless the old
-    slice already had taints (``dropDisabledDRADeviceTaintsFields``); Pod
+    slice already had taints (``dropDisabledDRADeviceTaintsFields``); ResourceClaim
+    ``status.devices`` without ``DRAResourceClaimDeviceStatus``, unless the old claim
+    had entries (``dropDisabledDRAResourceClaimDeviceStatusFields``), and the entries of
+    devices an update deallocates (``dropDeallocatedStatusDevices``); Pod
     ``status.*ContainerStatuses[].allocatedResourcesStatus`` without
     ``ResourceHealthStatus`` (``dropDisabledPodStatusFields`` drops it whatever the old
     pod had). ``ResourceHealthStatusMessage`` is the kubelet's gate: the API server
@@ -159,6 +201,16 @@ def drop_disabled_fields(
         for dev in (new.get("spec") or {}).get("devices") or []:
             if isinstance(dev, dict):
                 dev.pop("taints", None)
+    elif rt.group == "resource.k8s.io" and rt.kind == "ResourceClaim":
+        # dropDisabledDRAResourceClaimDeviceStatusFields: kept where the old claim had it
+        status = new.get("status")
+        old_devices = ((old or {}).get("status") or {}).get("devices")
+        if not isinstance(status, dict):
+            return
+        if not profile.claim_device_status and not old_devices:
+            status.pop("devices", None)
+        elif old is not None:
+            _drop_deallocated_status_devices(status, old)
     elif rt.group == "" and rt.kind == "Pod" and not profile.enabled("ResourceHealthStatus"):
         status = new.get("status")
         if not isinstance(status, dict):

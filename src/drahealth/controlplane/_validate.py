@@ -4,7 +4,9 @@ Owns the schema check (the object is walked against the lightkube model class of
 kind via ``msgspec.inspect``: unknown fields, wrong types and missing required fields
 become ``StatusCause``s naming the field path), object-name and label rules, and the
 few cheap kind-specific checks the project relies on (resource health values,
-DeviceTaintRule effects per release, ResourceSlice limits, PDB budgets,
+DeviceTaintRule effects per release, ResourceSlice limits, ResourceClaim
+``status.devices`` entries (allocated devices only, conditions, data and network data
+limits), PDB budgets,
 SelfSubjectAccessReview attributes). Returns causes; never raises for invalid input.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import inspect
+import ipaddress
 import json
 import re
 from collections.abc import Callable
@@ -1007,11 +1010,157 @@ def immutable(field: str, value: Any) -> JSON:
     return invalid_value(field, value, "field is immutable")
 
 
+# ResourceClaim status.devices (KEP-4817): upstream's validateDeviceStatus and the
+# metav1 ValidateConditions it calls, with their texts.
+DEVICE_STATUS_MAX_CONDITIONS = 8
+DEVICE_STATUS_DATA_MAX = 10 * 1024
+_NETWORK_LIMITS = (("interfaceName", 256), ("hardwareAddress", 128))
+_NETWORK_MAX_IPS = 16
+_REASON_FMT = "[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?"
+_REASON_MSG = (
+    "a condition reason must start with alphabetic character, optionally followed by a "
+    "string of alphanumeric characters or '_,:', and must end with an alphanumeric "
+    "character or '_' (e.g. 'my_name',  or 'MY_NAME',  or 'MyName',  or 'ReasonA,ReasonB',"
+    "  or 'ReasonA:ReasonB', regex used for validation is '" + _REASON_FMT + "')"
+)
+
+
+def _shared_device_id(d: JSON) -> str:
+    base = f"{d.get('driver') or ''}/{d.get('pool') or ''}/{d.get('device') or ''}"
+    return f"{base}/{d['shareID']}" if d.get("shareID") else base
+
+
+def _condition_causes(conditions: list[Any], where: str) -> list[JSON]:
+    out: list[JSON] = []
+    seen: set[str] = set()
+    for i, c in enumerate(conditions):
+        c, at = _dict(c), f"{where}[{i}]"
+        ctype = str(c.get("type") or "")
+        if ctype in seen:
+            out.append(duplicate(f"{at}.type", ctype))
+        seen.add(ctype)
+        try:
+            validate_label_key(ctype)
+        except SelectorError as exc:
+            out.append(invalid_value(f"{at}.type", ctype, str(exc)))
+        if c.get("status") not in ("False", "True", "Unknown"):
+            out.append(unsupported(f"{at}.status", c.get("status"), ("False", "True", "Unknown")))
+        gen = c.get("observedGeneration")
+        if isinstance(gen, int) and gen < 0:
+            out.append(
+                invalid_value(
+                    f"{at}.observedGeneration", gen, "must be greater than or equal to zero"
+                )
+            )
+        if not c.get("lastTransitionTime"):
+            out.append(required(f"{at}.lastTransitionTime", "must be set"))
+        reason = str(c.get("reason") or "")
+        if not reason:
+            out.append(required(f"{at}.reason", "must be set"))
+        else:
+            if not re.fullmatch(_REASON_FMT, reason):
+                out.append(invalid_value(f"{at}.reason", reason, _REASON_MSG))
+            if len(reason.encode()) > 1024:
+                out.append(too_long(f"{at}.reason", 1024))
+        if len(str(c.get("message") or "").encode()) > 32 * 1024:
+            out.append(too_long(f"{at}.message", 32 * 1024))
+    return out
+
+
+def _network_data_causes(net: Any, where: str) -> list[JSON]:
+    net, out = _dict(net), []
+    for name, limit in _NETWORK_LIMITS:
+        if len(str(net.get(name) or "").encode()) > limit:
+            out.append(too_long(f"{where}.{name}", limit))
+    ips = _list(net.get("ips"))
+    if len(ips) > _NETWORK_MAX_IPS:
+        return [*out, too_many(f"{where}.ips", len(ips), _NETWORK_MAX_IPS)]
+    seen: set[str] = set()
+    for j, ip in enumerate(ips):
+        text = str(ip)
+        try:
+            ipaddress.ip_interface(text)
+            ok = "/" in text
+        except ValueError:
+            ok = False
+        if not ok:
+            out.append(
+                invalid_value(
+                    f"{where}.ips[{j}]",
+                    ip,
+                    "must be a valid address in CIDR form, (e.g. 10.9.8.7/24 or 2001:db8::1/64)",
+                )
+            )
+        if text in seen:
+            out.append(duplicate(f"{where}.ips[{j}]", ip))
+        seen.add(text)
+    return out
+
+
+def device_status_causes(status: JSON, where: str = "status.devices") -> list[JSON]:
+    """``status.devices`` of a claim against its ``status.allocation``, as upstream's
+    ``validateResourceClaimStatusUpdate``: each entry names an allocated device (with its
+    ``shareID``), at most once, with at most 8 valid conditions (unique types), ``data``
+    a JSON object of at most 10 KiB and ``networkData`` within its limits."""
+    entries = _list(status.get("devices"))
+    if not entries:
+        return []
+    allocated = {
+        _shared_device_id(_dict(r))
+        for r in _list(_dict(_dict(status.get("allocation")).get("devices")).get("results"))
+    }
+    out: list[JSON] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(entries):
+        d, at = _dict(entry), f"{where}[{i}]"
+        out.extend(_driver_name_causes(d.get("driver"), f"{at}.driver"))
+        pool = str(d.get("pool") or "")
+        if not pool:
+            out.append(required(f"{at}.pool"))
+        elif len(pool) > 253:
+            out.append(too_long(f"{at}.pool", 253))
+        else:
+            for part in pool.split("/"):
+                out.extend(_subdomain_causes(part, f"{at}.pool"))
+        device = str(d.get("device") or "")
+        out.extend(
+            dns_label_causes(device, f"{at}.device") if device else [required(f"{at}.device")]
+        )
+        ident = _shared_device_id(d)
+        if ident in seen:
+            out.append(duplicate(at, ident))
+        seen.add(ident)
+        if ident not in allocated:
+            out.append(invalid_value(at, ident, "must be an allocated device in the claim"))
+        conditions = _list(d.get("conditions"))
+        if len(conditions) > DEVICE_STATUS_MAX_CONDITIONS:
+            out.append(too_many(f"{at}.conditions", len(conditions), DEVICE_STATUS_MAX_CONDITIONS))
+        out.extend(_condition_causes(conditions, f"{at}.conditions"))
+        if "data" in d and d["data"] is not None:
+            if not isinstance(d["data"], dict):
+                out.append(
+                    invalid_value(f"{at}.data", "<value omitted>", "must be a valid JSON object")
+                )
+            elif (
+                len(json.dumps(d["data"], separators=(",", ":")).encode()) > DEVICE_STATUS_DATA_MAX
+            ):
+                out.append(too_long(f"{at}.data", DEVICE_STATUS_DATA_MAX))
+        if d.get("networkData") is not None:
+            out.extend(_network_data_causes(d["networkData"], f"{at}.networkData"))
+    return out
+
+
 def _claim_causes(obj: JSON, ctx: _Context) -> list[JSON]:
     spec = _dict(obj.get("spec"))
-    if ctx.old is not None:  # the spec is immutable; nothing else is re-validated
+    if ctx.old is not None:  # the spec is immutable; the status is validated on its own
         old_spec = _dict(ctx.old.get("spec"))
-        return [] if spec == old_spec else [immutable("spec", spec)]
+        status = _dict(obj.get("status"))
+        out = [] if spec == old_spec else [immutable("spec", spec)]
+        if status.get("devices") != _dict(ctx.old.get("status")).get("devices") or (
+            status.get("allocation") != _dict(ctx.old.get("status")).get("allocation")
+        ):
+            out.extend(device_status_causes(status))
+        return out
     out = device_claim_causes(spec.get("devices"), "spec.devices")
     out.extend(admin_access_causes(spec.get("devices"), ctx.namespace))
     return out

@@ -21,13 +21,21 @@ The rules, each written once (the code it replaces disagreed where noted):
 
 * **health**: a device's observation is the agents' record where one speaks for it
   (records sorted by namespace/name, the last wins), else the worst of what live and
-  ended pods' ``allocatedResourcesStatus`` entries say (ties: the pod first by
-  namespace/name). Only ConfigMaps that are agent records by the convention of
+  ended pods' ``allocatedResourcesStatus`` entries and allocated claims'
+  ``status.devices[].conditions`` (type ``DeviceHealthy``, :mod:`._claim_health`) say
+  (ties: pods before claims, each first by namespace/name). The agent's record wins
+  because it is the node's deadline-enforcing view (a silent driver turns Unknown there,
+  while its last claim condition stays as written); pods and claims both relay the
+  driver's word, so the worst of them wins and a stale Healthy never hides a fault.
+  Only ConfigMaps that are agent records by the convention of
   :mod:`._cluster_records` count.
 * **entry -> device**: an entry ``claim:<ref>[/<request>]`` (parsed by
   :func:`~._status.parse_entry_name`, next to the code that writes it; entries without
   the ``claim:`` prefix belong to device plugins and are ignored, where the old reader
-  took them for claim references) names a claim through the pod's claim references
+  took them for claim references, unless the pod's special claim for extended resources
+  serves that resource name in that container (KEP-5004,
+  :meth:`~._cluster_pods.ExtendedClaim.entry_request`)) names a claim through the pod's
+  claim references
   (:func:`~._cluster_pods.pod_claim_names`: a reference with neither
   ``resourceClaimName`` nor ``resourceClaimTemplateName`` names no claim, where one
   old copy still took a generated name from the status); a resourceID
@@ -39,7 +47,10 @@ The rules, each written once (the code it replaces disagreed where noted):
   the device (several: the last by name wins); a device without a slice has no facts.
 * **consumers**: live pods (not ``Succeeded``/``Failed``, not being deleted) whose
   allocated claims hold the device, one entry per pod, claim and request, sorted
-  (the old reader repeated a pod that named a claim twice).
+  (the old reader repeated a pod that named a claim twice). The special claim of a pod
+  that asked for an extended resource backed by DRA counts like any other (upstream's
+  eviction controller misses these pods, k/k #141290); its requests carry no
+  tolerations, so a NoExecute taint evicts them.
 * **taints**: the device's slice taints and every DeviceTaintRule whose
   ``deviceSelector`` selects it by :func:`~._taints.selects`, the allocator's answer,
   rules for many devices included (the old view skipped rules that did not name exactly
@@ -59,7 +70,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from drahealth.core._cluster_pods import pod_claim_names
+from drahealth.core._claim_health import claim_observations
+from drahealth.core._cluster_pods import (
+    EXTENDED_RESOURCES_REF,
+    extended_resource_claim,
+    pod_claim_names,
+)
 from drahealth.core._cluster_records import (
     DEFAULT_NAMESPACE,
     Observation,
@@ -92,7 +108,8 @@ _ID_SEPARATORS = ("-", "=", "/", "_")
 
 @dataclass(frozen=True, slots=True, order=True)
 class Consumer:
-    """A live pod using a device through ``claim`` (its ``request``)."""
+    """A live pod using a device through ``claim`` (its ``request``); ``extended``: the
+    claim is the pod's special claim for extended resources (KEP-5004)."""
 
     namespace: str
     name: str
@@ -100,6 +117,7 @@ class Consumer:
     node: str
     claim: str
     request: str
+    extended: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +226,8 @@ class _Claim:
     results: tuple[tuple[str, DeviceKey], ...]
     reserved_for: tuple[tuple[str, str, str], ...]  # (resource, name, uid)
     raw: Mapping[str, Any]  # for request_tolerations
+    #: what its ``DeviceHealthy`` conditions say, per allocated device
+    observed: Mapping[DeviceKey, Observation] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -225,13 +245,19 @@ class _Pod:
 
 def _parse_pod(pod: Mapping[str, Any]) -> _Pod:
     meta, status = _meta(pod), _dict(pod.get("status"))
+    special = extended_resource_claim(pod)
     entries: list[tuple[str, str, list[tuple[str, Health, str]]]] = []
     for cs in [
         *_dicts(status.get("initContainerStatuses")),
         *_dicts(status.get("containerStatuses")),
     ]:
         for entry in _dicts(cs.get("allocatedResourcesStatus")):
-            parsed = parse_entry_name(str(entry.get("name") or ""))
+            name = str(entry.get("name") or "")
+            parsed = parse_entry_name(name)
+            if parsed is None and special is not None:
+                # an extended resource the special claim serves for this container
+                request = special.entry_request(str(cs.get("name") or ""), name)
+                parsed = None if request is None else (EXTENDED_RESOURCES_REF, request)
             if parsed is None:
                 continue
             resources = [
@@ -268,7 +294,7 @@ def _parse_claim(claim: Mapping[str, Any]) -> _Claim:
         (str(r.get("resource") or ""), str(r.get("name") or ""), str(r.get("uid") or ""))
         for r in _dicts(status.get("reservedFor"))
     )
-    return _Claim(results, reserved, {"spec": _dict(claim.get("spec"))})
+    return _Claim(results, reserved, {"spec": _dict(claim.get("spec"))}, claim_observations(claim))
 
 
 def _parse_slice(name: str, obj: Mapping[str, Any]) -> _Slice:
@@ -321,6 +347,7 @@ class ClusterModel:
         self._claim_pods: dict[ObjKey, set[ObjKey]] = {}  # claim -> pods that name it
         self._uids: dict[ObjKey, str] = {}
         self._pod_obs: dict[DeviceKey, dict[ObjKey, Observation]] = {}
+        self._claim_obs: dict[DeviceKey, dict[ObjKey, Observation]] = {}
         self._records: dict[ObjKey, dict[DeviceKey, Observation]] = {}
         self._record_obs: dict[DeviceKey, dict[ObjKey, Observation]] = {}
         self._changed: set[DeviceKey] = set()
@@ -402,9 +429,28 @@ class ClusterModel:
                     del self._device_claims[dev]
         for _req, dev in new.results if new else ():
             self._device_claims.setdefault(dev, set()).add(key)
+        self._observe_claim(key, old.observed if old else {}, new.observed if new else {})
         if (old.results if old else ()) != (new.results if new else ()):
             for pod_key in sorted(self._claim_pods.get(key, ())):
                 self._observe_pod(pod_key)
+
+    def _observe_claim(
+        self,
+        key: ObjKey,
+        old: Mapping[DeviceKey, Observation],
+        new: Mapping[DeviceKey, Observation],
+    ) -> None:
+        for dev in old.keys() | new.keys():
+            if old.get(dev) == new.get(dev):
+                continue
+            by_claim = self._claim_obs.setdefault(dev, {})
+            if dev in new:
+                by_claim[key] = new[dev]
+            else:
+                by_claim.pop(key, None)
+                if not by_claim:
+                    del self._claim_obs[dev]
+            self._changed.add(dev)
 
     def _set_pod(self, key: ObjKey, obj: Mapping[str, Any] | None) -> None:
         old = self._pods.pop(key, None)
@@ -511,14 +557,16 @@ class ClusterModel:
         records = self._record_obs.get(key)
         if records:
             return records[max(records)]
-        best: tuple[ObjKey, Observation] | None = None
-        for pod_key, obs in (self._pod_obs.get(key) or {}).items():
-            if (
-                best is None
-                or obs.health.severity > best[1].health.severity
-                or (obs.health.severity == best[1].health.severity and pod_key < best[0])
-            ):
-                best = (pod_key, obs)
+        best: tuple[tuple[int, ObjKey], Observation] | None = None
+        for rank, by_key in enumerate((self._pod_obs.get(key), self._claim_obs.get(key))):
+            for obj_key, obs in (by_key or {}).items():
+                order = (rank, obj_key)
+                if (
+                    best is None
+                    or obs.health.severity > best[1].health.severity
+                    or (obs.health.severity == best[1].health.severity and order < best[0])
+                ):
+                    best = (order, obs)
         return None if best is None else best[1]
 
     def pod_observations(self, namespace: str, name: str) -> dict[DeviceKey, Observation]:
@@ -543,10 +591,10 @@ class ClusterModel:
                 pod = self._pods[pod_key]
                 if not pod.live:
                     continue
+                special = pod.claims.get(EXTENDED_RESOURCES_REF) == claim_key[1]
                 for request in requests:
-                    out.add(
-                        Consumer(pod.namespace, pod.name, pod.uid, pod.node, claim_key[1], request)
-                    )
+                    who = (pod.namespace, pod.name, pod.uid, pod.node)
+                    out.add(Consumer(*who, claim_key[1], request, special))
         return sorted(out)
 
     def taints(self, key: DeviceKey) -> list[DeviceTaint]:
@@ -594,7 +642,7 @@ class ClusterModel:
     def observations(self) -> dict[DeviceKey, Observation]:
         """Every device somebody reports on, with :meth:`observation`."""
         out: dict[DeviceKey, Observation] = {}
-        for key in sorted(self._pod_obs.keys() | self._record_obs.keys()):
+        for key in sorted(self._pod_obs.keys() | self._claim_obs.keys() | self._record_obs.keys()):
             obs = self.observation(key)
             if obs is not None:
                 out[key] = obs

@@ -9,7 +9,7 @@ profiles from it, and the components map what a real server's discovery says ont
 
 Sources (upstream, checked 2026-11): the versioned feature-gate table of
 kubernetes/kubernetes (``pkg/features``) for ``DRADeviceTaints``,
-``DRADeviceTaintRules``, ``ResourceHealthStatus``; the ``resource.k8s.io`` API types for
+``DRADeviceTaintRules``, ``ResourceHealthStatus``, ``DRAResourceClaimDeviceStatus``; the ``resource.k8s.io`` API types for
 which version carries ``DeviceTaintRule``; KEP-4680 and KEP-5055. See
 docs/operations.md, "Kubernetes versions".
 """
@@ -101,6 +101,12 @@ FEATURE_GATES: dict[str, tuple[GateStage, ...]] = {
     "DRAExtendedResource": (
         GateStage("1.34", "Alpha", False),
         GateStage("1.36", "Beta", True),
+        GateStage("1.37", "GA", True, locked=True),
+    ),
+    # ResourceClaim status.devices (driver-written conditions, data, networkData; KEP-4817).
+    "DRAResourceClaimDeviceStatus": (
+        GateStage("1.32", "Alpha", False),
+        GateStage("1.33", "Beta", True),
         GateStage("1.37", "GA", True, locked=True),
     ),
     # The kubelet writes pod.status.containerStatuses[].allocatedResourcesStatus.
@@ -228,6 +234,11 @@ class KubeProfile:
     def rule_cel_selectors(self) -> bool:
         """The 1.34 alpha selector still has ``deviceClassName`` and CEL ``selectors``."""
         return self.minor <= 34
+
+    @property
+    def claim_device_status(self) -> bool:
+        """ResourceClaim ``status.devices`` is stored (else dropped, as upstream)."""
+        return self.enabled("DRAResourceClaimDeviceStatus")
 
     @property
     def taint_eviction(self) -> bool:
