@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from drahealth._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from drahealth.remedy._control import STATE_CONFIGMAP
     from drahealth.remedy._controller import HISTORY_CONFIGMAP, RemediationController
     from drahealth.remedy._evict import Evictor
     from drahealth.remedy._metrics import ControllerMetrics
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 _EXPORTS: dict[str, str] = {
     "HISTORY_CONFIGMAP": "drahealth.remedy._controller",
     "RemediationController": "drahealth.remedy._controller",
+    "STATE_CONFIGMAP": "drahealth.remedy._control",
     "Evictor": "drahealth.remedy._evict",
     "ControllerMetrics": "drahealth.remedy._metrics",
     "ModeChoice": "drahealth.remedy._modes",
@@ -89,6 +91,7 @@ __all__ = [
     "HISTORY_CONFIGMAP",
     "MANAGED_BY",
     "OPERATOR_LABEL",
+    "STATE_CONFIGMAP",
     "ControllerMetrics",
     "DeviceRef",
     "Evictor",
