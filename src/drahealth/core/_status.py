@@ -15,7 +15,12 @@ Deliberate improvements over upstream (each tested):
   health and its message, instead of whichever device happened to come first;
 * init containers, including restartable sidecars, are reported as well
   (``StatusOptions.init_containers``);
-* messages are capped with the UTF-8-safe :func:`truncate_message`.
+* messages are capped with the UTF-8-safe :func:`truncate_message`;
+* devices a pod got by asking for an extended resource backed by DRA (KEP-5004, the
+  scheduler's special claim in ``status.extendedResourceClaimStatus``) are reported in
+  an entry named by the resource, e.g. ``example.com/gpu`` (upstream reports nothing
+  for them yet, k/k #139939); such entries are recomputed like claim entries, other
+  non-``claim:`` entries belong to device plugins and are kept.
 """
 
 from __future__ import annotations
@@ -25,7 +30,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from drahealth.core._cluster_pods import StatusInputError, resolve_claim_name
+from drahealth.core._cluster_pods import (
+    StatusInputError,
+    extended_resource_claim,
+    resolve_claim_name,
+)
 from drahealth.core._health import DeviceKey, Health, truncate_message
 from drahealth.core._records import ClaimInfo, PreparedDeviceInfo
 
@@ -178,13 +187,53 @@ class StatusBuilder:
             found = self._claim_resources(info, request, health)
             if found:
                 entries[entry_name(ref_name, request)] = found
+        entries.update(self._extended_entries(pod, cname, resources, claims, health))
         return [{"name": name, "resources": entries[name]} for name in sorted(entries)]
 
-    def _claim_resources(self, info: ClaimInfo, request: str, health: HealthLookup) -> list[JSON]:
+    def _extended_entries(
+        self,
+        pod: Mapping[str, Any],
+        cname: str,
+        resources: Mapping[str, Any],
+        claims: ClaimLookup,
+        health: HealthLookup,
+    ) -> dict[str, list[JSON]]:
+        """Entries for the extended resources backed by DRA (KEP-5004) the container
+        asked for: named by the resource (``example.com/gpu``), as device-plugin
+        resources are and as the API server's validation requires (a key of the
+        container's ``resources.requests``), with the devices of the special claim's
+        requests mapped to this container."""
+        special = extended_resource_claim(pod, strict=True)
+        if special is None:
+            return {}
+        info = claims(_namespace(pod), special.name)
+        if info is None:
+            return {}
+        requested = _mapping(resources.get("requests"), f"container {cname!r} resources.requests")
+        out: dict[str, list[JSON]] = {}
+        for resource in special.resources(cname):
+            if resource not in requested:
+                continue
+            wanted = special.requests[(cname, resource)]
+            found = self._claim_resources(info, "", health, requests=wanted)
+            if found:
+                out[resource] = found
+        return out
+
+    def _claim_resources(
+        self,
+        info: ClaimInfo,
+        request: str,
+        health: HealthLookup,
+        *,
+        requests: tuple[str, ...] = (),
+    ) -> list[JSON]:
         base = request.partition("/")[0]
         merged: dict[str, tuple[Health, str]] = {}
         for dev in info.devices:
             if base and dev.request_names and base not in dev.request_names:
+                continue
+            if requests and not set(requests) & set(dev.request_names):
                 continue
             value, message = _lookup(health, dev)
             rid = self._resource_id(dev)
@@ -266,12 +315,14 @@ class StatusBuilder:
         if container is None and self.options.health_status:
             return copied  # no spec to compute from: leave it as it is
         existing = _items(cs.get("allocatedResourcesStatus"), f"{where}.allocatedResourcesStatus")
+        special = extended_resource_claim(pod, strict=True)
+        ours = set(special.resources(name)) if special is not None else set()
         kept: list[JSON] = []
         for j, entry in enumerate(existing):
             ename = _string(
                 entry.get("name"), f"{where}.allocatedResourcesStatus[{j}].name", required=True
             )
-            if not ename.startswith(CLAIM_PREFIX):
+            if not ename.startswith(CLAIM_PREFIX) and ename not in ours:
                 kept.append(copy.deepcopy(dict(entry)))
         if container is not None:
             kept.extend(self.container_entries(pod, container, claims, health))

@@ -6,7 +6,9 @@ Owns the pod lifecycle a kubelet runs for DRA on the embedded control plane:
 * for a pending pod whose claims are allocated: NodePrepareResources through the
   driver's newest connected plugin instance, record the devices in the claim
   tracker, then set the pod Running with container statuses and
-  ``allocatedResourcesStatus``;
+  ``allocatedResourcesStatus``; the scheduler's special claim for extended resources
+  backed by DRA (``status.extendedResourceClaimStatus``, KEP-5004) is prepared like
+  the others and its devices go to the containers its request mappings name;
 * a failed prepare records a ``FailedPrepareDynamicResources`` Event (saying whether
   the driver classified the error as permanent); a permanent one sets the pod
   ``Failed`` with reason ``DRAPrepareFailedPermanently`` (KEP-5322 design), any
@@ -51,6 +53,7 @@ from drahealth.core import (
     HealthChange,
     PreparedDeviceInfo,
     StatusBuilder,
+    extended_resource_claim,
     resolve_claim_name,
 )
 from drahealth.kube import Backoff, Reflector, patch_status
@@ -336,6 +339,9 @@ class KubeletMode:
             if name is None:
                 raise _Retry(f"claim {ref.get('name')!r} has no ResourceClaim name yet")
             await self._prepare_claim(pod, namespace, name, prepared)
+        special = extended_resource_claim(pod)
+        if special is not None:  # the scheduler's claim for extended resources (KEP-5004)
+            await self._prepare_claim(pod, namespace, special.name, prepared)
         if uid not in self.runs:
             run = PodRun(
                 pod,
@@ -367,6 +373,14 @@ class KubeletMode:
                 ):
                     continue
                 ids.extend(device.cdi_device_ids)
+        special = extended_resource_claim(pod)
+        info = self.tracker.lookup(namespace, special.name) if special is not None else None
+        if special is not None and info is not None:
+            cname = str(container.get("name") or "")
+            wanted = {r for res in special.resources(cname) for r in special.requests[(cname, res)]}
+            for device in info.devices:
+                if wanted & set(device.request_names):
+                    ids.extend(device.cdi_device_ids)
         env.update(cdi_env(self.cdi_dirs, ids))
         return env
 
