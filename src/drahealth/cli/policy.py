@@ -51,6 +51,13 @@ def _human(result: dict[str, Any]) -> list[str]:
     )
     if result["rule"] is None:
         return [f"{head}: no rule matches; the controller does nothing"]
+    if result.get("outcome") == "ignore":
+        return [f"{head}: ignored by rule {result['rule']}: no taint, no Event, no history"]
+    if result.get("outcome") == "degraded":
+        return [
+            f"{head}: degraded by rule {result['rule']}: shown as degraded (state, an Event "
+            "on its node, history); no taint, nothing evicted"
+        ]
     taint = result["taint"]
     lines = [
         f"{head}: rule {result['rule']}",
@@ -132,6 +139,14 @@ def check_command(
             click.echo(json.dumps({"valid": True, "rules": [r.name for r in policy.rules]}))
         else:
             click.echo(f"{file}: valid, {len(policy.rules)} rule(s)")
+            if policy.burn_in is not None:
+                b = policy.burn_in
+                click.echo(
+                    f"  burn-in      {', '.join(sorted(b.applies_to))} devices: "
+                    f"drahealth.io/burn-in:{'None' if policy.dry_run else b.effect} "
+                    f"until the validation passes (retry {b.retry_initial:g} s .. "
+                    f"{b.retry_max:g} s)"
+                )
         return
     driver, pool, name = _device(device)
     facts = DeviceFacts(driver, pool, name, attributes=dict(map(_attribute, attributes)))
