@@ -5,7 +5,8 @@ that implements the narrow :class:`Driver` protocol (``prepare`` / ``unprepare``
 :class:`HealthHub` aggregates device health from sources and serves it over
 dra-health v1 and v1alpha1; :class:`ResourceSlicePublisher` publishes the driver's
 devices, split at the API limits; :class:`TaintController` turns latched faults into
-device taints. See docs/driver.md.
+device taints; :class:`ClaimStatusWriter` (opt-in) writes each prepared device's health
+into its ResourceClaim's ``status.devices``. See docs/driver.md.
 
 Names are imported on first use (PEP 562), so importing one submodule does not load
 gRPC and the Kubernetes client. The simulated driver built on this toolkit is a
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 from drahealth._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from drahealth.driver._claim_status import ClaimStatusOptions, ClaimStatusWriter
     from drahealth.driver._hub import (
         OPERATOR_SOURCE,
         DeviceReport,
@@ -50,6 +52,8 @@ if TYPE_CHECKING:
 
 #: public name -> module that defines it
 _EXPORTS: dict[str, str] = {
+    "ClaimStatusOptions": "drahealth.driver._claim_status",
+    "ClaimStatusWriter": "drahealth.driver._claim_status",
     "OPERATOR_SOURCE": "drahealth.driver._hub",
     "DeviceReport": "drahealth.driver._hub",
     "DeviceState": "drahealth.driver._hub",
@@ -93,6 +97,8 @@ __all__ = [
     "CheckpointError",
     "ClaimError",
     "ClaimRef",
+    "ClaimStatusOptions",
+    "ClaimStatusWriter",
     "DeviceReport",
     "DeviceState",
     "Driver",
