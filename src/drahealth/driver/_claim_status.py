@@ -135,6 +135,8 @@ class ClaimStatusWriter:
         self.writes = 0
         self.conflicts = 0
         self.failures = 0
+        #: rounds of the loop so far (each: look for prepared claims, write what is due)
+        self.passes = 0
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -203,6 +205,7 @@ class ClaimStatusWriter:
                 await self._flush()
             except _Unserved:
                 return
+            self.passes += 1
             timeout = self.options.resync_seconds
             if self._dirty:
                 due = min(self._not_before.get(u, 0.0) for u in self._dirty)
