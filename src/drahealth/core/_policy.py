@@ -24,8 +24,11 @@ from typing import Any, Final, Literal
 
 import re2  # type: ignore[import-untyped]  # google-re2 ships no type information
 
+from drahealth.core._escalation import Escalation
 from drahealth.core._health import HEALTH_MESSAGE_MAX_BYTES, Health
+from drahealth.core._holds import Exclude, OwnershipPolicy
 from drahealth.core._limits import Limits
+from drahealth.core._repair import Repair
 from drahealth.core._rollup import NodeRollupPolicy
 
 __all__ = [
@@ -262,6 +265,10 @@ class Rule:
     action: Action = field(default_factory=Action)
     hysteresis: Hysteresis | None = field(default_factory=Hysteresis)
     recovery: Recovery = field(default_factory=Recovery)
+    #: Needs-a-human limits of this rule's devices (None: the policy's ``escalation``).
+    escalation: Escalation | None = None
+    #: What runs on a tainted, drained device before recovery may untaint it (None: none).
+    repair: Repair | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,11 +320,18 @@ class Policy:
     node_rollup: NodeRollupPolicy = field(default_factory=NodeRollupPolicy)
     #: The burn-in gate for new and repaired devices (None: none).
     burn_in: BurnIn | None = None
+    #: Needs-a-human limits of rules without their own (see ``drahealth.core._escalation``);
+    #: without an ``escalation`` section episodes are not counted, failed repairs are.
+    escalation: Escalation = field(default_factory=lambda: Escalation(episodes=0))
 
     #: Blast-radius limits on new taints (None: none); see ``drahealth.core._breaker``.
     limits: Limits | None = None
     #: Device groups with their own rules, limits and observe-only mode; first match wins.
     profiles: tuple[Profile, ...] = ()
+    #: Drivers, pools and nodes the controller never acts on (see ``drahealth.core._holds``).
+    exclude: Exclude = field(default_factory=Exclude)
+    #: How long a controller rule deleted by someone else stays deleted.
+    ownership: OwnershipPolicy = field(default_factory=OwnershipPolicy)
 
     def rule_named(self, name: str) -> Rule | None:
         return next((r for r in self.all_rules() if r.name == name), None)

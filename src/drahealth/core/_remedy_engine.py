@@ -27,9 +27,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from drahealth.core._breaker import explain_limits
 from drahealth.core._burnin import BURN_IN_RULE, BURN_IN_TAINT_KEY, BurnInTracker, burn_in_why
 from drahealth.core._health import DeviceKey, Health
 from drahealth.core._policy import EFFECT_ORDER, DeviceFacts, Policy, Rule
+from drahealth.core._repair import Aftercare, explain_aftercare
 from drahealth.core._rollup import explain_rollup
 
 __all__ = ["Degraded", "RemedyEngine", "Want", "explain"]
@@ -94,6 +96,8 @@ class RemedyEngine:
         #: devices a ``degraded`` rule matches now; ``degraded_version`` counts changes
         self.degraded: dict[DeviceKey, Degraded] = {}
         self.degraded_version = 0
+        #: episodes, needs-a-human marks and repairs (see ``drahealth.core._repair``)
+        self.care = Aftercare(policy)
 
     # -- input -------------------------------------------------------------------
 
@@ -123,6 +127,8 @@ class RemedyEngine:
         if rule is not None:
             if d.bad_since is None:
                 d.bad_since = now
+                if d.tainted_since is not None:
+                    self.care.on_bad_again(key, now)
             d.rule = rule
             self._active.add(key)
             d.value = _value(rule, health)
@@ -210,6 +216,16 @@ class RemedyEngine:
         self.degraded[key] = Degraded(rule.name, reason, since, facts.node)
         self.degraded_version += 1
 
+    def clear(self, key: DeviceKey, at: float, now: float) -> bool:
+        """An operator cleared ``key`` at ``at`` (``drahealth clear``): its needs-a-human
+        mark and counts go, and its recovery starts over (``healthyFor`` from now, then
+        ``validate``). True if a mark went."""
+        went = self.care.clear(key, at)
+        d = self._devices.get(key)
+        if d is not None and d.tainted_since is not None and d.healthy_since is not None:
+            d.healthy_since, d.validation = max(d.healthy_since, now), "none"
+        return went
+
     def validated(self, key: DeviceKey, ok: bool, now: float) -> None:
         """The validation hook's answer for a recovered device."""
         d = self._devices.get(key)
@@ -276,6 +292,9 @@ class RemedyEngine:
                 return f"{d.reason}; rule {d.rule.name}: grace period until t={until:.1f}"
             return f"{d.health.value}: no rule wants a taint"
         assert d.rule is not None
+        mark = self.care.escalation.needs_human(key)
+        if mark is not None:
+            return f"needs a human: {mark.why}; tainted until an operator clears it"
         if self._flapping(d, now):
             h = d.rule.hysteresis
             assert h is not None
@@ -313,6 +332,9 @@ class RemedyEngine:
         retry = self.burn_ins.next_wakeup(now)
         if retry is not None:
             due.append(retry)
+        repair = self.care.next_wakeup()
+        if repair is not None and repair > now:
+            due.append(repair)
         return min(due) if due else None
 
     # -- internals ---------------------------------------------------------------
@@ -330,10 +352,12 @@ class RemedyEngine:
             if due or self._flapping(d, now):
                 start = now if d.bad_since is None else d.bad_since + rule.action.grace
                 d.tainted_since = min(now, start)
+                self.care.on_taint(_key(d), rule, d.facts.node, d.tainted_since)
             return
         if self._recovered(d, now) and (not self._hook(d) or d.validation == "passed"):
             d.tainted_since = None
             d.validation = "none"
+            self.care.on_untaint(_key(d))
 
     def _flapping(self, d: _Device, now: float) -> bool:
         h = d.rule.hysteresis if d.rule is not None else None
@@ -349,12 +373,17 @@ class RemedyEngine:
             and d.healthy_since is not None
             and now - d.healthy_since >= d.rule.recovery.healthy_for
             and not self._flapping(d, now)
+            and self.care.allows_untaint(_key(d))
         )
 
     @staticmethod
     def _hook(d: _Device) -> bool:
         v = d.rule.recovery.validate if d.rule is not None else None
         return v is not None and bool(v.exec or v.http)
+
+
+def _key(d: _Device) -> DeviceKey:
+    return DeviceKey(d.facts.driver, d.facts.pool, d.facts.device)
 
 
 def _escalated_for(rule: Rule, effect: str) -> float:
@@ -392,6 +421,11 @@ def explain(policy: Policy, facts: DeviceFacts, health: Health, message: str) ->
             policy.node_rollup, health, None if rule is None else rule.action.effect
         ),
     }
+    profile = policy.profile_for(facts)
+    out["profile"] = (
+        None if profile is None else {"name": profile.name, "observeOnly": profile.observe_only}
+    )
+    out["limits"] = explain_limits(policy, facts)  # the circuit breaker's caps on it
     burn_in = policy.burn_in
     out["burnIn"] = (
         None
@@ -431,8 +465,11 @@ def explain(policy: Policy, facts: DeviceFacts, health: Health, message: str) ->
                 "windowSeconds": rule.hysteresis.window,
             },
             "fallback": action.fallback or policy.remediation_fallback,
-            "evicts": not policy.dry_run and "NoExecute" in effects,
+            "evicts": not policy.dry_run
+            and not (profile is not None and profile.observe_only)
+            and "NoExecute" in effects,
             "evictionMode": policy.eviction.mode,
         }
     )
+    out.update(explain_aftercare(policy, rule))  # needsHuman limits and repair
     return out
