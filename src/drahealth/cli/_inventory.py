@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import datetime
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from drahealth.core import DeviceKey, pod_claim_names
+from drahealth.core import DeviceKey, claim_observations, pod_claim_names
 from drahealth.remedy import (
     claims_by_name,
     consumers,
@@ -68,11 +68,14 @@ def device_rows(
     now: float,
     warn: Warn | None = None,
     node_objects: list[JSON] | None = None,
+    also: Iterable[str] = (),
 ) -> list[JSON]:
     """Devices that are not Healthy or are tainted, sorted by node and device.
 
     ``node_objects``: where the controller ran a node-level mode, the node taint or cordon it
-    wrote for a device is listed with the device's taints."""
+    wrote for a device is listed with the device's taints. ``also``: devices
+    (``DRIVER/POOL/DEVICE``) listed even when Healthy and untainted (those the
+    remediation controller holds state for), where a health source reports them."""
     seen = observations(configmaps, pods, claims)
     taints = device_taints(rules, slices, node_objects or ())
     users = consumers(pods, claims)
@@ -85,11 +88,18 @@ def device_rows(
         for s in slices
         for d in (s.get("spec") or {}).get("devices") or []
     }
+    wanted = set()
+    for text in also:
+        try:
+            wanted.add(DeviceKey.parse(text))
+        except ValueError:
+            continue
+    wanted &= set(seen)  # devices of this cluster whose health is known
     rows = []
-    for key in sorted(set(seen) | set(taints)):
+    for key in sorted(set(seen) | set(taints) | wanted):
         obs = seen.get(key)
         health = obs.health.value if obs else "Unknown"
-        if health == "Healthy" and key not in taints:
+        if health == "Healthy" and key not in taints and key not in wanted:
             continue
         since = finite_since(obs.since, str(key), warn) if obs else None
         rows.append(
@@ -114,7 +124,8 @@ def device_rows(
 
 
 def pod_rows(pods: list[JSON], claims: list[JSON]) -> list[JSON]:
-    """One row per (pod, device): the claim, the device and its health in the pod status."""
+    """One row per (pod, device): the claim, the device and its health in the pod status,
+    else in the claim's ``DeviceHealthy`` condition (``source`` says which)."""
     by_name = claims_by_name(claims)
     rows = []
     for pod in pods:
@@ -124,9 +135,11 @@ def pod_rows(pods: list[JSON], claims: list[JSON]) -> list[JSON]:
         for claim_name in sorted(pod_claim_names(pod).values()):
             claim = by_name.get((namespace, claim_name)) or {}
             allocation = (claim.get("status") or {}).get("allocation") or {}
+            # where the pod status says nothing, the driver's claim condition speaks
+            from_claim = claim_observations(claim)
             for r in (allocation.get("devices") or {}).get("results") or []:
                 key = DeviceKey(str(r.get("driver")), str(r.get("pool")), str(r.get("device")))
-                obs = seen.get(key)
+                obs = seen.get(key) or from_claim.get(key)
                 rows.append(
                     {
                         "namespace": namespace,
@@ -138,6 +151,7 @@ def pod_rows(pods: list[JSON], claims: list[JSON]) -> list[JSON]:
                         "device": str(key),
                         "health": obs.health.value if obs else "-",
                         "message": obs.message if obs else "",
+                        "source": obs.source if obs else "",
                     }
                 )
     return sorted(rows, key=lambda r: (r["namespace"], r["pod"], r["device"]))

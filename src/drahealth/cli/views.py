@@ -39,7 +39,7 @@ from rich.text import Text
 from drahealth._api_failures import CommandError, api_failures, load_checked
 from drahealth._served import NO_CONTROLLER, auto_mode, controller_mode, not_served_note
 from drahealth._text import json_text, printable
-from drahealth.core import DEFAULT_NAMESPACE, LABELS, agent_records
+from drahealth.core import DEFAULT_NAMESPACE, LABELS, agent_records, mentions_device
 from drahealth.kube import DiscoveryError, ServedAPIs, discover_sync, make_sync_client, to_internal
 
 __all__ = ["history_command", "pods_command", "status_command", "watch_command"]
@@ -61,6 +61,10 @@ def _cell(value: object, style: str = "") -> Text:
 
 def _warn(message: str) -> None:
     click.echo(f"warning: {printable(message)}", err=True)
+
+
+def _note(message: str) -> None:
+    click.echo(f"note: {printable(message)}", err=True)
 
 
 def _list(client: Client, kind: Any, namespace: str | None, **kw: Any) -> list[dict[str, Any]]:
@@ -198,7 +202,7 @@ _CONTROLLER_NAMESPACE = click.option(
     "--controller-namespace",
     default="default",
     show_default=True,
-    help="Namespace of the remediation controller (its history ConfigMap).",
+    help="Namespace of the remediation controller (its history and state ConfigMaps).",
 )
 
 
@@ -235,16 +239,22 @@ def status_command(
     """Every device that is Unhealthy/Unknown or tainted, and the pods using it.
 
     A header names the server, its DeviceTaintRule API and the controller's remediation
-    mode (on stderr with ``-o json|yaml``). Exits 3 when a device that is not Healthy is
-    used by a pod.
+    mode; a "Remediation" block after the table shows the controller's guard rails: the
+    circuit breaker, devices that need a human, operator holds, degraded devices, burn-in
+    and repairs (both on stderr with ``-o json|yaml``, where each row carries its device's
+    ``remediation`` state). Exits 3 when a device that is not Healthy is used by a pod.
     """
     from drahealth.cli._inventory import device_rows
+    from drahealth.cli._remediation import read_remediation_state, remediation_lines
+    from drahealth.remedy import STATE_CONFIGMAP
 
     client = _client(kubeconfig)
     unserved: set[str] = set()
+    now = time.time()
     try:
         served = _discover(client)
         recorded = _controller_mode(client, controller_namespace)
+        state = read_remediation_state(client, controller_namespace, _note)
         health = agent_records(
             _list(client, ConfigMap, agent_namespace, labels=LABELS), agent_namespace
         )
@@ -254,19 +264,28 @@ def status_command(
             _list_dra(client, served, "ResourceClaim", namespace, unserved),
             _list_dra(client, served, "ResourceSlice", None, unserved),
             _list_dra(client, served, "DeviceTaintRule", None, unserved),
-            time.time(),
+            now,
             _warn,
             _list_nodes(client),
+            also=state.devices(),
         )
     finally:
         client.close()
+    structured = output in ("json", "yaml")
     for line in _header(served, recorded, unserved):
-        click.echo(printable(line), err=output in ("json", "yaml"))
+        click.echo(printable(line), err=structured)
     _notes(unserved, served, recorded.mode if recorded is not None else None)
+    for note in state.notes:
+        _note(f"configmap {controller_namespace}/{STATE_CONFIGMAP}: {note}")
+    for r in rows:
+        r["remediation"] = state.device_state(r["device"], now)
     wide = output == "wide"
+    marked = any(r["remediation"].get("markers") for r in rows)
     table = Table(box=None, header_style="bold")
     for col in ("NODE", "DEVICE", "HEALTH", "AGE", "MESSAGE", "TAINTS", "PODS"):
         table.add_column(col)
+    if marked:
+        table.add_column("REMEDIATION")
     if wide:
         table.add_column("SOURCE")
     for r in rows:
@@ -289,8 +308,13 @@ def status_command(
             _cell(taints),
             _cell(pods),
         ]
+        if marked:
+            markers = r["remediation"].get("markers", [])
+            cells.append(_cell(",".join(markers), "bold magenta" if markers else ""))
         table.add_row(*cells, *([_cell(r["source"])] if wide else []))
     _emit(rows, output, table)
+    for line in remediation_lines(state, now):
+        click.echo(printable(line), err=structured)
     if any(r["health"] != "Healthy" and r["consumers"] for r in rows):
         sys.exit(EXIT_BAD_DEVICES_IN_USE)
 
@@ -301,7 +325,8 @@ def status_command(
 @_OUTPUT
 @_api_errors
 def pods_command(kubeconfig: str | None, namespace: str | None, output: str) -> None:
-    """Per pod: its devices and their health as the pod status shows it."""
+    """Per pod: its devices and their health as the pod status shows it (else as the
+    driver's claim condition does; ``-o wide`` names the source)."""
     from drahealth.cli._inventory import pod_rows
 
     client = _client(kubeconfig)
@@ -320,6 +345,7 @@ def pods_command(kubeconfig: str | None, namespace: str | None, output: str) -> 
     if wide:
         table.add_column("PHASE")
         table.add_column("CLAIM")
+        table.add_column("SOURCE")
     for r in rows:
         colour = {"Unhealthy": "red", "Unknown": "yellow", "Healthy": "green"}.get(
             r["health"], "dim"
@@ -332,7 +358,11 @@ def pods_command(kubeconfig: str | None, namespace: str | None, output: str) -> 
             _cell(r["health"], colour),
             _cell(r["message"]),
         ]
-        extra = [_cell(r["phase"]), _cell(f"{r['claim']}/{r['request']}")] if wide else []
+        extra = (
+            [_cell(r["phase"]), _cell(f"{r['claim']}/{r['request']}"), _cell(r["source"])]
+            if wide
+            else []
+        )
         table.add_row(*cells, *extra)
     _emit(rows, output, table)
 
@@ -346,8 +376,15 @@ def pods_command(kubeconfig: str | None, namespace: str | None, output: str) -> 
 def history_command(
     kubeconfig: str | None, device: str, controller_namespace: str, output: str
 ) -> None:
-    """What happened to one device: controller actions and Events, oldest first."""
-    from drahealth.remedy import HISTORY_CONFIGMAP, RuleError, parse_device
+    """What happened to one device: controller actions and Events, oldest first.
+
+    The controller's actions are shown in words (``needs a human``, ``repair (failed)``,
+    ``circuit breaker``...; ``-o json|yaml`` keeps the action as written in ``what``
+    and adds ``label``), and a ``now:`` line says what the controller holds of the
+    device today (needs a human, held, repair...), on stderr with ``-o json|yaml``.
+    """
+    from drahealth.cli._remediation import history_label, history_line, read_remediation_state
+    from drahealth.remedy import HISTORY_CONFIGMAP, STATE_CONFIGMAP, RuleError, parse_device
 
     try:
         key = str(parse_device(device))
@@ -359,6 +396,7 @@ def history_command(
     recorded = None
     try:
         served = _discover(client)
+        state = read_remediation_state(client, controller_namespace, _note)
         if not served.served("DeviceTaintRule"):
             unserved.add("DeviceTaintRule")
         try:
@@ -372,12 +410,16 @@ def history_command(
             for h in entries if isinstance(entries, list) else []:
                 if not isinstance(h, dict):
                     continue
-                if key in str(h.get("subject", "")) or key in str(h.get("message", "")):
+                if mentions_device(str(h.get("subject", "")), key) or mentions_device(
+                    str(h.get("message", "")), key
+                ):
+                    action = str(h.get("action", ""))
                     rows.append(
                         {
                             "time": h.get("time", ""),
                             "source": f"controller {h.get('by', '')}",
-                            "what": h.get("action", ""),
+                            "what": action,
+                            "label": history_label(action),
                             "message": h.get("message", ""),
                         }
                     )
@@ -385,7 +427,7 @@ def history_command(
             if exc.status.code != 404:
                 raise
         for e in _list(client, Event, None):
-            if key in str(e.get("message", "")):
+            if mentions_device(str(e.get("message", "")), key):
                 obj = e.get("involvedObject") or {}
                 component = (e.get("source") or {}).get("component", "")
                 rows.append(
@@ -393,6 +435,7 @@ def history_command(
                         "time": e.get("lastTimestamp") or e.get("firstTimestamp") or "",
                         "source": f"{component} on {obj.get('kind', '')}/{obj.get('name', '')}",
                         "what": e.get("reason", ""),
+                        "label": e.get("reason", ""),
                         "message": e.get("message", ""),
                     }
                 )
@@ -404,10 +447,15 @@ def history_command(
     for col in ("TIME", "SOURCE", "WHAT", "MESSAGE"):
         table.add_column(col)
     for r in rows:
-        table.add_row(*(_cell(r[k]) for k in ("time", "source", "what", "message")))
+        table.add_row(*(_cell(r[k]) for k in ("time", "source", "label", "message")))
     _emit(rows, output, table)
     if not rows:
         click.echo(f"no history for {printable(key)}", err=True)
+    for note in state.notes:
+        _note(f"configmap {controller_namespace}/{STATE_CONFIGMAP}: {note}")
+    now_line = history_line(state, key, time.time())
+    if now_line is not None:
+        click.echo(printable(now_line), err=output in ("json", "yaml"))
 
 
 @click.command("watch")
