@@ -45,3 +45,56 @@ class ControllerMetrics:
             ["mode"],
             registry=self.registry,
         )
+        # ownership filter (drahealth.remedy._ownership)
+        self.held_devices = Gauge(
+            "drahealth_controller_held_devices",
+            "Devices that want a taint the controller does not write: reason hold (an "
+            "operator's untaint hold) or frozen (opt-out node label or the policy's exclude).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.manual_untaints = Counter(
+            "drahealth_controller_manual_untaints",
+            "The controller's DeviceTaintRules deleted by someone else (taken as an untaint).",
+            registry=self.registry,
+        )
+        self.opted_out_nodes = Gauge(
+            "drahealth_controller_opted_out_nodes",
+            "Nodes labelled drahealth.io/remediation=disabled.",
+            registry=self.registry,
+        )
+        # blast-radius circuit breaker (drahealth.remedy._breaker_guard)
+        self.breaker_tripped = Gauge(
+            "drahealth_controller_breaker_tripped",
+            "Groups whose blast-radius limit tripped (new taints held), by scope: cluster, "
+            "profile, driver, pool, node.",
+            ["scope"],
+            registry=self.registry,
+        )
+        self.held_taints = Gauge(
+            "drahealth_controller_held_taints",
+            "New taints the circuit breaker holds (not written) until it resumes.",
+            registry=self.registry,
+        )
+        self.breaker_trips = Counter(
+            "drahealth_controller_breaker_trips",
+            "Times a group's blast-radius limit tripped, by scope.",
+            ["scope"],
+            registry=self.registry,
+        )
+        self.burn_in_devices = Gauge(
+            "drahealth_controller_burn_in_devices",
+            "Devices burning in (tainted drahealth.io/burn-in until their validation passes).",
+            registry=self.registry,
+        )
+        self.burn_in_validations = Counter(
+            "drahealth_controller_burn_in_validations",
+            "Burn-in validations run, by result (passed, failed).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.degraded_devices = Gauge(
+            "drahealth_controller_degraded_devices",
+            "Devices a degraded rule matches (shown, not tainted).",
+            registry=self.registry,
+        )
