@@ -27,22 +27,36 @@ from drahealth.core import (
     REMEDIATION_MODES,
     Action,
     BurnIn,
+    Escalation,
     Eviction,
+    Exclude,
     Health,
     Hysteresis,
+    Limit,
+    LimitError,
+    Limits,
     Match,
     MessagePattern,
     NodeRollupPolicy,
     NodeTaintPolicy,
+    OwnershipPolicy,
     PatternError,
     Policy,
     PolicyError,
+    Profile,
     Recovery,
     Rule,
     Step,
     Validate,
     is_qualified_name,
+    parse_limit,
     parse_threshold,
+)
+from drahealth.remedy._repair_load import (
+    EscalationSpec,
+    RepairSpec,
+    build_escalation,
+    build_repair,
 )
 from drahealth.remedy._rules import RuleError, validate_taint
 
@@ -130,6 +144,8 @@ class _Rule(_Base):
     action: _Action = msgspec.field(default_factory=_Action)
     hysteresis: _Hysteresis | None = msgspec.field(default_factory=_Hysteresis)
     recovery: _Recovery | None = None
+    escalation: EscalationSpec | None = None
+    repair: RepairSpec | None = None
 
 
 class _Eviction(_Base):
@@ -167,6 +183,40 @@ class _BurnIn(_Base):
     retry_max: Duration = 600
 
 
+class _Exclude(_Base):
+    drivers: list[str] = []
+    pools: list[str] = []
+    nodes: list[str] = []
+
+
+class _Ownership(_Base):
+    manual_untaint_hold: Duration = "30m"
+
+
+class _Limits(_Base):
+    window: Duration = "10m"
+    resume: Literal["manual", "auto"] = "manual"
+    cluster: int | str | None = None
+    per_driver: int | str | None = None
+    per_pool: int | str | None = None
+    per_node: int | str | None = None
+
+
+class _ProfileMatch(_Base):
+    driver: str | None = None
+    pool: str | None = None
+    device: str | None = None
+    attributes: dict[str, str | int | bool] = {}
+
+
+class _Profile(_Base):
+    name: str
+    match: _ProfileMatch
+    rules: list[_Rule] | None = None
+    limits: _Limits | None = None
+    observe_only: bool = False
+
+
 class _Policy(_Base):
     api_version: Literal["drahealth.io/v1"]
     kind: Literal["RemediationPolicy"]
@@ -178,6 +228,11 @@ class _Policy(_Base):
     remediation: _Remediation = msgspec.field(default_factory=_Remediation)
     burn_in: _BurnIn | None = None
     node_rollup: _NodeRollup = msgspec.field(default_factory=_NodeRollup)
+    exclude: _Exclude = msgspec.field(default_factory=_Exclude)
+    ownership: _Ownership = msgspec.field(default_factory=_Ownership)
+    limits: _Limits | None = None
+    profiles: list[_Profile] = []
+    escalation: EscalationSpec | None = None
 
 
 #: Modes a fallback may name: the ones that need no DeviceTaintRule API.
@@ -314,6 +369,8 @@ class _Builder:
         if not m.health:
             raise self.fail(f"{path}.match.health", "must list at least one health")
         a = r.action
+        if a.outcome != "taint":
+            _quiet_action(self, f"{path}.action", a)
         try:
             validate_taint(a.taint_key, a.taint_value, a.effect)
         except RuleError as exc:
@@ -332,8 +389,6 @@ class _Builder:
                 )
             last = after
             steps.append(Step(after, s.effect))
-        if a.outcome != "taint":
-            _quiet_action(self, f"{path}.action", a)
         action = Action(
             effect=a.effect,
             grace=self.seconds(f"{path}.action.gracePeriod", a.grace_period),
@@ -351,7 +406,12 @@ class _Builder:
             hysteresis = Hysteresis(r.hysteresis.transitions, window)
         recovery_path = f"{path}.recovery" if r.recovery is not None else "recovery"
         recovery = self.recovery(recovery_path, r.recovery or default_recovery)
-        return Rule(r.name, match, action, hysteresis, recovery)
+        return Rule(
+            r.name, match, action, hysteresis, recovery,
+            escalation=None if r.escalation is None
+            else build_escalation(self, f"{path}.escalation", r.escalation),
+            repair=None if r.repair is None else build_repair(self, f"{path}.repair", r.repair),
+        )  # fmt: skip
 
 
 def _build(spec: _Policy, source: str) -> Policy:
@@ -385,6 +445,7 @@ def _build(spec: _Policy, source: str) -> Policy:
             f"unknown mode {mode!r}: choose one of {', '.join(REMEDIATION_MODES)}",
         )
     fallback = b.fallback("remediation", spec.remediation.fallback)
+    profiles = _profiles(b, spec, seen)
     return Policy(
         tuple(rules),
         spec.dry_run,
@@ -394,7 +455,103 @@ def _build(spec: _Policy, source: str) -> Policy:
         remediation_fallback=fallback,
         burn_in=None if spec.burn_in is None else _burn_in(b, spec.burn_in),
         node_rollup=_node_rollup(b, spec.node_rollup, {r.action.taint_key for r in rules}),
+        exclude=_exclude(b, spec.exclude),
+        ownership=OwnershipPolicy(
+            b.seconds("ownership.manualUntaintHold", spec.ownership.manual_untaint_hold)
+        ),
+        limits=None if spec.limits is None else _limits(b, "limits", spec.limits),
+        profiles=profiles,
+        escalation=(
+            Escalation(episodes=0)  # without the section: failed repairs only
+            if spec.escalation is None
+            else build_escalation(b, "escalation", spec.escalation)
+        ),
     )
+
+
+def _limits(b: _Builder, path: str, lim: _Limits) -> Limits:
+    """A ``limits`` section (the policy's or a profile's): at least one cap, each a
+    count of at least 1 or a percentage in (0, 100], and a window > 0."""
+    caps: dict[str, Limit] = {}
+    for name, value in (
+        ("cluster", lim.cluster),
+        ("perDriver", lim.per_driver),
+        ("perPool", lim.per_pool),
+        ("perNode", lim.per_node),
+    ):
+        if value is None:
+            continue
+        try:
+            caps[name] = parse_limit(value)
+        except LimitError as exc:
+            raise b.fail(f"{path}.{name}", str(exc)) from exc
+    if not caps:
+        raise b.fail(path, "set at least one of cluster, perDriver, perPool, perNode")
+    return Limits(
+        window=b.seconds(f"{path}.window", lim.window, positive=True),
+        resume=lim.resume,
+        cluster=caps.get("cluster"),
+        per_driver=caps.get("perDriver"),
+        per_pool=caps.get("perPool"),
+        per_node=caps.get("perNode"),
+    )
+
+
+def _profiles(b: _Builder, spec: _Policy, rule_names: dict[str, int]) -> tuple[Profile, ...]:
+    """The ``profiles`` section: unique names, a match naming something, rules whose
+    names are unique across the whole policy (a rule annotation names one rule)."""
+    out: list[Profile] = []
+    names: dict[str, int] = {}
+    where = {name: f"rules[{i}]" for name, i in rule_names.items()}
+    for i, p in enumerate(spec.profiles):
+        path = f"profiles[{i}]"
+        if not p.name.strip():
+            raise b.fail(f"{path}.name", "must not be empty")
+        if p.name in names:
+            raise b.fail(
+                f"{path}.name", f"duplicate profile name {p.name!r} (profiles[{names[p.name]}])"
+            )
+        names[p.name] = i
+        m = p.match
+        if m.driver is None and m.pool is None and m.device is None and not m.attributes:
+            raise b.fail(
+                f"{path}.match",
+                "name at least one of driver, pool, device, attributes (a profile for every "
+                "device would replace the policy's rules everywhere)",
+            )
+        match = Match(m.driver, m.pool, m.device, dict(m.attributes))
+        rules = None
+        if p.rules is not None:
+            if not p.rules:
+                raise b.fail(f"{path}.rules", "must list at least one rule (or leave it out "
+                             "to use the policy's rules)")  # fmt: skip
+            rules = []
+            for j, r in enumerate(p.rules):
+                rpath = f"{path}.rules[{j}]"
+                if r.name in where:
+                    raise b.fail(
+                        f"{rpath}.name",
+                        f"duplicate rule name {r.name!r} ({where[r.name]}); rule names are "
+                        "unique across the policy and its profiles",
+                    )
+                where[r.name] = rpath
+                rules.append(b.rule(rpath, r, spec.recovery))
+        limits = None if p.limits is None else _limits(b, f"{path}.limits", p.limits)
+        out.append(Profile(p.name, match, None if rules is None else tuple(rules), limits,
+                           p.observe_only))  # fmt: skip
+    return tuple(out)
+
+
+def _exclude(b: _Builder, e: _Exclude) -> Exclude:
+    """The ``exclude`` section: driver, pool and node names or globs, none empty."""
+    for field, names in (("drivers", e.drivers), ("pools", e.pools), ("nodes", e.nodes)):
+        for i, name in enumerate(names):
+            if not name.strip() or len(name) > 253:
+                raise b.fail(
+                    f"exclude.{field}[{i}]",
+                    f"{name!r} must be a name or glob of 1-253 characters",
+                )
+    return Exclude(tuple(e.drivers), tuple(e.pools), tuple(e.nodes))
 
 
 def _node_rollup(b: _Builder, r: _NodeRollup, rule_keys: set[str]) -> NodeRollupPolicy:
