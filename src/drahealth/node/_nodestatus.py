@@ -203,7 +203,11 @@ class NodeRegistrar:
                  "lastHeartbeatTime": now, "lastTransitionTime": since}
             )  # fmt: skip
         body = {**self._status, "conditions": conditions}
-        await patch_status(self.client, Node, self.node, {"status": body})
+        # strategic merge, as the kubelet patches: conditions merge by type, so others'
+        # (node-problem-detector's, drahealth's DRADevicesHealthy) survive a heartbeat
+        await patch_status(
+            self.client, Node, self.node, {"status": body}, patch_type=PatchType.STRATEGIC
+        )
 
     async def renew(self) -> None:
         """Create or renew the node's Lease (holder: the node, owner: its Node)."""
