@@ -66,6 +66,8 @@ from lightkube.types import PatchType
 from drahealth._aio import cancel_and_wait
 from drahealth._time import now_rfc3339
 from drahealth.core import (
+    BURN_IN_RULE,
+    BURN_IN_TAINT_KEY,
     REMEDIATION_MODES,
     ClusterModel,
     Consumer,
@@ -77,6 +79,8 @@ from drahealth.core import (
     Taint,
     Validate,
     Want,
+    burn_in_why,
+    format_time,
     selector_scope,
 )
 from drahealth.kube import (
@@ -92,6 +96,8 @@ from drahealth.kube import (
     to_internal,
     write_configmap_data,
 )
+from drahealth.remedy._breaker_guard import BreakerGuard
+from drahealth.remedy._burnin import ANNOTATION_BURN_IN, OutcomeReporter
 from drahealth.remedy._control import (
     COMPONENT_LABEL,
     CONTROL_COMPONENT,
@@ -102,7 +108,10 @@ from drahealth.remedy._evict import Evictor
 from drahealth.remedy._metrics import ControllerMetrics
 from drahealth.remedy._modes import ModeChoice, ModeError, resolve_mode
 from drahealth.remedy._nodes import MAX_REASON, NODE_MODES, NodeDevice, NodeWriter
+from drahealth.remedy._ownership import OwnershipGuard
+from drahealth.remedy._rollup import NodeRollupWriter
 from drahealth.remedy._rules import (
+    ANNOTATION_FIRST_SEEN,
     ANNOTATION_NODE,
     ANNOTATION_REASON,
     ANNOTATION_RULE,
@@ -110,6 +119,7 @@ from drahealth.remedy._rules import (
     MANAGED_BY,
     DeviceRef,
     RuleError,
+    health_of,
     is_ours,
     rule_body,
 )
@@ -213,6 +223,8 @@ class RemediationController:
         #: the operator's requests (control ConfigMap) and the controller's status keys
         self.control = ControlRequests()
         self.state = ControllerState(client, self.namespace)
+        #: the blast-radius circuit breaker (holds new taints over the policy's limits)
+        self.breaker = BreakerGuard(policy, self.metrics, self._record, self._breaker_notify)
         self.control_cms: Reflector[ConfigMap] = Reflector(
             client,
             ConfigMap,
@@ -222,11 +234,28 @@ class RemediationController:
         )
         self.evictor = Evictor(client, policy.eviction, on_event=self._eviction_event)
         self.nodes = NodeWriter(client, on_change=self._node_changed)
+        self.rollup = NodeRollupWriter(
+            client, policy.node_rollup, record=self._record,
+            event=lambda *event: self._spawn(self._event(*event)),
+        )  # fmt: skip
         self.model = ClusterModel(records_namespace=self.namespace)
+        #: the ownership filter: operator holds, opt-out nodes, exclusions
+        self.ownership = OwnershipGuard(
+            client, policy, facts=self._facts, record=self._record,
+            event=lambda *event: self._spawn(self._event(*event)), wake=self._wake_soon,
+            metrics=self.metrics, wall=self._wall,
+            history_ref=ObjectReference(
+                apiVersion="v1", kind="ConfigMap", name=HISTORY_CONFIGMAP,
+                namespace=self.namespace,
+            ),
+        )  # fmt: skip
+        self._foreign_named: set[str] = set()  # our rule names a foreign rule has, said once
+        self._evict_related: dict[tuple[str, str], ObjectReference] = {}  # pod -> its taint
         self._feeds: list[tuple[Reflector[Any], Callable[..., None]]] = [
             (self.pods, self._feed("Pod")),
             (self.health, self._feed("ConfigMap")),
             (self.control_cms, self._feed_control),
+            (self.ownership.nodes, self.ownership.on_node),
         ]
         self._seen_errors: dict[str, BaseException] = {}
         self._since_wall: dict[DeviceKey, tuple[str, float]] = {}  # fallback taints' start
@@ -240,6 +269,12 @@ class RemediationController:
         self._bad_seen: dict[DeviceKey, float] = {}  # first bad observation, for latency
         self._validating: set[DeviceKey] = set()
         self._impact: dict[str, str] = {}  # rule name -> last impact message written
+        # burn-in gate and degraded devices: new devices, validations, Events, state keys
+        self.outcomes = OutcomeReporter(
+            self.engine, self.model, self.state, self.metrics, facts=self._facts,
+            record=self._record, event=self._event, wake=self._wake, clock=self._clock,
+            wall=self._wall, namespace=self.namespace, history_configmap=HISTORY_CONFIGMAP,
+        )  # fmt: skip
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -330,6 +365,8 @@ class RemediationController:
             await self._load_state()
             self._seed()
             await self._seed_nodes()
+            self.outcomes.synced()
+            await self.rollup.load()
             _release_list_memory()
             tasks.append(asyncio.create_task(self.evictor.run(), name="evictor"))
             await self._announce(refused)
@@ -342,6 +379,7 @@ class RemediationController:
         finally:
             self.synced = False
             await cancel_and_wait(tasks)
+            await self.outcomes.stop()
             for r, feed in self._feeds:
                 r.remove_handler(feed)
                 await r.stop()
@@ -406,9 +444,15 @@ class RemediationController:
             await self.state.load()
         except ApiError as exc:
             log.warning("reading the remediation state failed: %s", exc.status.message)
+        self.ownership.restore(self.state.get("holds"), self.control.get("holds"))
+
+    def _wake_soon(self) -> None:
+        self._wake.set()
 
     def _feed_rule(self, event_type: str, obj: Any, _old: Any) -> None:
         raw = to_internal(as_dict(obj))
+        if event_type == "DELETED" and is_ours(raw):
+            self.ownership.rule_deleted(raw)  # ours, deleted by someone else: a hold
         scope = selector_scope((raw.get("spec") or {}).get("deviceSelector"))
         if event_type != "DELETED" and scope in ("all", "partial"):
             # kubernetes #141422: such a rule reaches every device; never act on it
@@ -424,6 +468,9 @@ class RemediationController:
         timeout = 1.0 if due is None else max(0.0, min(1.0, due - now))
         if self._evict_due is not None:
             timeout = max(0.0, min(timeout, self._evict_due - self._wall()))
+        hold_end = self.ownership.next_end()
+        if hold_end is not None:
+            timeout = max(0.0, min(timeout, hold_end - self._wall() + 0.01))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 await self._wake.wait()
@@ -435,9 +482,12 @@ class RemediationController:
     async def reconcile(self) -> None:
         self.passes += 1
         now = self._clock()
-        for i, key in enumerate(sorted(self.model.take_changed())):
+        changed = sorted(self.model.take_changed())
+        for i, key in enumerate(changed):
             if i % YIELD_EVERY == YIELD_EVERY - 1:
                 await asyncio.sleep(0)  # a long pass lets watches and timers run
+            if self.breaker.enabled:  # the group sizes limits take percentages of
+                self.breaker.track(key, self.model.facts(key))
             obs = self.model.observation(key)
             if obs is None:
                 continue  # nobody reports on it any more: the engine keeps the last word
@@ -450,28 +500,47 @@ class RemediationController:
                 self._bad_seen.setdefault(key, since)
             else:
                 self._bad_seen.pop(key, None)
+        pass  #  # a device listed for the first time burns in
         wants = self.engine.wants(now)
+        # ownership filter: held (operator untaint) and frozen (opt-out, exclude) devices
+        wants = self.ownership.filter(wants, self.control)
+        wants = self._breaker_pass(wants)  # new taints over a limit are held
         await self._warn_overbroad()
         rule_wants, fallback = self._split(wants, now)
         if self.choice is not None and self.choice.mode != "report-only":
             if self.rules is not None:
                 await self._reconcile_rules(rule_wants, now)
-            await self.nodes.sync(self._node_devices(fallback))
+            await self.nodes.sync(
+                self.ownership.freeze_nodes(self._node_devices(fallback), self.nodes.written())
+            )
         self._plan_evictions(rule_wants, fallback)
         self._report({k: w for k, (w, mode) in fallback.items() if not self._writes(mode, w)})
+        # the node condition in every mode; the node taint never in dry run or report-only
+        self.rollup.feed(changed, wants, self._facts, self.model.observation)
+        report_only = self.choice is None or self.choice.mode == "report-only"
+        may_taint = not (self.policy.dry_run or report_only)
+        if await self.rollup.sync(may_taint=may_taint, frozen=self.ownership.opted_out):
+            self._wake.set()  # more nodes than one pass writes: go on at once
         self.evictor.gone(self.model.take_gone_pods())
         self._start_validations(now)
+        self.outcomes.after(now)
         self.metrics.pending_evictions.set(self.evictor.pending)
+        self.state.set("holds", self.ownership.state())
         await self._flush_history()
         await self.state.flush()
 
     # -- modes -----------------------------------------------------------------------
 
-    def device_mode(self, want: Want) -> str:
-        """The mode a device's wanted taint is carried out in."""
+    def device_mode(self, want: Want, key: DeviceKey | None = None) -> str:
+        """The mode a device's wanted taint is carried out in (``key``: the device, so
+        an observe-only profile's devices are report-only)."""
         choice = self.choice
         if choice is None:
             return "report-only"
+        if key is not None and self.policy.profiles:
+            profile = self.policy.profile_for(self._facts(key))
+            if profile is not None and profile.observe_only:
+                return "report-only"
         if choice.fallback_path:
             rule = self.policy.rule_named(want.rule)
             if rule is not None and rule.action.fallback:
@@ -495,7 +564,7 @@ class RemediationController:
         other: dict[DeviceKey, tuple[Want, str]] = {}
         wall = self._wall()
         for key, want in wants.items():
-            mode = self.device_mode(want)
+            mode = self.device_mode(want, key)
             if mode == "taint-rules":
                 rules[key] = want
                 continue
@@ -527,7 +596,8 @@ class RemediationController:
             out.setdefault(node, []).append(
                 NodeDevice(
                     key, mode, want.key, want.value, want.effect, want.rule,
-                    want.reason[:MAX_REASON], since,
+                    want.reason[:MAX_REASON], since, self.identity, health_of(want.reason),
+                    self._first_seen_wall(key),
                 )
             )  # fmt: skip
         return out
@@ -585,7 +655,7 @@ class RemediationController:
             else:
                 self._reported[key] = said  # type: ignore[assignment]
                 message = (
-                    f"report-only ({self.device_mode(want)}): {key} would be tainted "
+                    f"report-only ({self.device_mode(want, key)}): {key} would be tainted "
                     f"{want.key}={want.value}:{want.effect}"
                     + (f" (rule {want.rule})" if want.rule else "")
                     + (f": {want.reason}" if want.reason else "")
@@ -622,6 +692,44 @@ class RemediationController:
             self._record("over-broad", name, message)
             ref = ObjectReference(apiVersion=self._rules_api, kind="DeviceTaintRule", name=name)
             await self._event(ref, "Warning", "OverBroadDeviceTaintRule", message)
+
+    # -- circuit breaker -------------------------------------------------------------
+
+    def _breaker_pass(self, wants: dict[DeviceKey, Want]) -> dict[DeviceKey, Want]:
+        return self.breaker.apply(
+            wants,
+            writes=self._breaker_counts,
+            facts=self._facts,
+            carrying=self._carrying,
+            control=self.control.values,
+            state=self.state,
+            now=self._wall(),
+        )
+
+    def _breaker_counts(self, key: DeviceKey, want: Want) -> bool:
+        """Whether carrying ``want`` out writes a taint the breaker counts (the burn-in
+        gate's taints are a gate, not a remediation: never held)."""
+        return want.rule != BURN_IN_RULE and self._writes(self.device_mode(want, key), want)
+
+    def _carrying(self) -> set[DeviceKey]:
+        """Devices carrying the controller's taint now: its rules and its Node lists."""
+        out = {d.device for devices in self.nodes.written().values() for d in devices}
+        for rule in self.rules.store.list() if self.rules is not None else ():
+            sel = rule.spec.deviceSelector if is_ours(rule) and rule.spec is not None else None
+            if sel is not None and sel.driver and sel.pool and sel.device:
+                out.add(DeviceKey(sel.driver, sel.pool, sel.device))
+        return out
+
+    def _breaker_notify(self, node: str, kind: str, reason: str, message: str) -> None:
+        ref = (
+            ObjectReference(apiVersion="v1", kind="Node", name=node)
+            if node
+            else ObjectReference(
+                apiVersion="v1", kind="ConfigMap", name=HISTORY_CONFIGMAP,
+                namespace=self.namespace,
+            )
+        )  # fmt: skip
+        self._spawn(self._event(ref, kind, reason, message))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -680,7 +788,12 @@ class RemediationController:
                     node=node,
                     policy_rule=want.rule,
                     reason=want.reason,
+                    writer=self.identity,
+                    first_seen=self._first_seen(key),
                 )
+                why = burn_in_why(want.value) if want.key == BURN_IN_TAINT_KEY else None
+                if why is not None:  # says why the device burns in; a restart resumes it
+                    body["metadata"]["annotations"][ANNOTATION_BURN_IN] = why
             bodies[ident] = body
             desired[body["metadata"]["name"]] = (key, body)
         self._bodies = bodies
@@ -694,6 +807,8 @@ class RemediationController:
         for name, (key, body) in sorted(desired.items()):
             current = existing.get(name)
             taint = body["spec"]["taint"]
+            if current is None and self._foreign_name(name):
+                continue  # someone else's rule has our name: never touched
             if current is None:
                 if await self._write_rule("create", body):
                     seen = self._bad_seen.get(key)
@@ -708,13 +823,48 @@ class RemediationController:
                     updated = as_dict(current)
                     updated["spec"]["taint"] = {**(updated["spec"].get("taint") or {}), **taint}
                     updated["spec"]["taint"].pop("timeAdded", None)
+                    kept = (current.metadata.annotations or {}) if current.metadata else {}
                     updated["metadata"]["annotations"] = dict(body["metadata"]["annotations"])
+                    if kept.get(ANNOTATION_FIRST_SEEN):  # the bad period's start stays
+                        updated["metadata"]["annotations"][ANNOTATION_FIRST_SEEN] = kept[
+                            ANNOTATION_FIRST_SEEN
+                        ]
                     await self._write_rule("update", updated)
             if taint["effect"] == "None":
                 await self._impact_summary(name, key)
         for name, rule in sorted(existing.items()):
-            if name not in desired:
+            if name not in desired and not self.ownership.keeps_rule(rule):
                 await self._write_rule("delete", as_dict(rule))
+
+    def _first_seen_wall(self, key: DeviceKey) -> float:
+        """Wall time the device's bad health was first observed (0: not known)."""
+        seen = self._bad_seen.get(key)
+        if seen is None:
+            return 0.0
+        return round(self._wall() - max(0.0, self._clock() - seen), 3)
+
+    def _first_seen(self, key: DeviceKey) -> str:
+        wall = self._first_seen_wall(key)
+        return format_time(wall) if wall else ""
+
+    def _foreign_name(self, name: str) -> bool:
+        """Whether a rule the controller did not create has ``name`` (said once)."""
+        assert self.rules is not None
+        other = self.rules.store.get(None, name)
+        if other is None or is_ours(other):
+            self._foreign_named.discard(name)
+            return False
+        if name not in self._foreign_named:
+            self._foreign_named.add(name)
+            message = (
+                f"DeviceTaintRule {name} exists but was not created by the controller: "
+                "it is left as it is, and the controller writes no rule of that name"
+            )
+            log.warning("%s", message)
+            self._record("foreign-rule", name, message)
+            ref = ObjectReference(apiVersion=self._rules_api, kind="DeviceTaintRule", name=name)
+            self._spawn(self._event(ref, "Warning", "ForeignDeviceTaintRule", message, "Skip"))
+        return True
 
     def _written_effect(self, effect: str) -> str:
         """In eviction mode pods leave through PDB-aware evictions, so the rule says
@@ -738,6 +888,7 @@ class RemediationController:
             elif action == "update":
                 await self.client.replace(cls.from_dict(body))
             else:
+                self.ownership.deleting(name)  # not an operator's untaint
                 await self.client.delete(cls, name)
         except ApiError as exc:
             if action == "create" and exc.status.code == 409:
@@ -777,6 +928,7 @@ class RemediationController:
                 "delete": "DeviceUntainted",
             }[action],
             message,
+            action={"create": "Taint", "update": "Taint", "delete": "Untaint"}[action],
         )
         return True
 
@@ -844,6 +996,7 @@ class RemediationController:
             if mode != "report-only":
                 todo.append((key, want, self._since_wall.get(key, ("", None))[1], False))
         out: list[tuple[Consumer, str]] = []
+        related: dict[tuple[str, str], ObjectReference] = {}  # pod -> the taint it leaves
         wall = self._wall()
         for key, want, added, extended_only in todo:
             if want.effect != "NoExecute":
@@ -857,8 +1010,21 @@ class RemediationController:
                     extended_only and not pod.extended
                 ):
                     continue
-                out.append((pod, f"device {key} is tainted {want.key}={want.value}:NoExecute"))
+                why = (
+                    f"device {key} is tainted {want.key}={want.value}:NoExecute by policy rule "
+                    f"{want.rule or '?'} ({want.reason or 'no reason given'})"
+                )
+                out.append((pod, why))
+                related[(pod.namespace, pod.name)] = self._taint_ref(key)
+        self._evict_related = related
         self.evictor.want(out)
+
+    def _taint_ref(self, key: DeviceKey) -> ObjectReference:
+        """What taints ``key``: the controller's DeviceTaintRule, else the device's Node."""
+        name = self._rule_names.get(key)
+        if name:
+            return ObjectReference(apiVersion=self._rules_api, kind="DeviceTaintRule", name=name)
+        return ObjectReference(apiVersion="v1", kind="Node", name=self._facts(key).node)
 
     def _eviction_event(self, pod: Consumer, kind: str, message: str) -> None:
         self.metrics.actions.labels(f"evict-{kind}").inc()
@@ -876,16 +1042,21 @@ class RemediationController:
             reason, kind_ = "EvictionFailed", "Warning"
         log.info("%s", text)
         self._record(f"evict-{kind}", f"{pod.namespace}/{pod.name}", text)
-        self._spawn(self._event(ref, kind_, reason, text))
+        related = self._evict_related.get((pod.namespace, pod.name))
+        self._spawn(self._event(ref, kind_, reason, text, "Evict", related))
 
     # -- validation hooks ----------------------------------------------------------------
 
     def _start_validations(self, now: float) -> None:
+        for key in self.ownership.thawed():  # its recovery window restarts after a freeze
+            self.engine.validated(key, False, now)
         for key in self.engine.pending_validations(now):
             rule = self.engine.rule_of(key)
             check = rule.recovery.validate if rule is not None else None
             if check is None or key in self._validating:
                 continue
+            if self.ownership.defer_validation(key):
+                continue  # frozen (opt-out, exclude): no validation or repair
             self._validating.add(key)
             node = self._facts(key).node
             asyncio.get_running_loop().create_task(self._validate(key, node, check))
@@ -986,7 +1157,17 @@ class RemediationController:
                 log.debug("uid of %s/%s for its event: %s", ident[0], ident[2], exc.status.message)
         ref.uid = self._uids.get(ident)
 
-    async def _event(self, ref: ObjectReference, kind: str, reason: str, message: str) -> None:
+    async def _event(
+        self,
+        ref: ObjectReference,
+        kind: str,
+        reason: str,
+        message: str,
+        action: str | None = None,
+        related: ObjectReference | None = None,
+    ) -> None:
+        """Record an Event about ``ref``; ``action`` (Taint, Untaint, Evict, Hold, ...)
+        and ``related`` (e.g. the rule behind an eviction) are its events.k8s.io fields."""
         if not ref.uid:
             await self._involved_uid(ref)
         event = make_event(
@@ -998,6 +1179,8 @@ class RemediationController:
             message=message,
             component=COMPONENT,
             instance=self.identity,
+            action=action,
+            related=related,
         )
         try:
             await self.client.create(event)
