@@ -139,6 +139,7 @@ class NodeRollupWriter:
         self._wants: dict[DeviceKey, tuple[str, bool]] = {}  # device -> (rule, blocking)
         self._retry: dict[str, tuple[float, Backoff]] = {}
         self._frozen: set[str] = set()  # nodes opted out at the last pass
+        self._said: set[int] = set()  # error codes already logged as warnings
         self.writes = 0
 
     # -- input -------------------------------------------------------------------------
@@ -240,7 +241,15 @@ class NodeRollupWriter:
                     continue
                 backoff = retry[1] if retry is not None else Backoff(1.0, 60.0)
                 self._retry[name] = (now + backoff.next(), backoff)
-                log.warning("node %s: rollup write failed: %s", name, exc.status.message)
+                code = exc.status.code or 0
+                # a missing permission (403) is said once, not once per node and retry
+                (log.debug if code in self._said else log.warning)(
+                    "node %s: rollup write failed: %s%s", name, exc.status.message,
+                    " (the controller needs get/list nodes, patch nodes/status, and update "
+                    "nodes for taintNode)" if code == 403 else "",
+                )  # fmt: skip
+                if code == 403:
+                    self._said.add(code)
                 later.append(name)
                 continue
             self._retry.pop(name, None)
