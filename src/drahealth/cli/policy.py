@@ -89,6 +89,35 @@ def _human(result: dict[str, Any]) -> list[str]:
             else "are not evicted"
         )
     )
+    rollup, node_taint = result.get("nodeRollup") or {}, None
+    if rollup.get("enabled"):
+        node_taint = rollup["taintNode"]
+        lines.append(
+            f"  node         {rollup['conditionType']}={rollup['conditionStatus']}"
+            + (f"; {node_taint['key']}:{node_taint['effect']} once {node_taint['threshold']} "
+               f"of its devices are tainted" if node_taint else "")
+        )  # fmt: skip
+    lines += _breaker_lines(result)
+    return lines
+
+
+def _breaker_lines(result: dict[str, Any]) -> list[str]:
+    """The profile that owns the device and the circuit breaker's limits on it."""
+    lines = []
+    profile = result.get("profile")
+    if profile:
+        lines.append(
+            f"  profile      {profile['name']}"
+            + (" (observe-only: reported, nothing written)" if profile["observeOnly"] else "")
+        )
+    for lim in result.get("limits") or []:
+        where = "cluster" if lim["scope"] == "cluster" else f"{lim['scope']} {lim['group']}"
+        if lim["profile"] and lim["scope"] != "profile":
+            where += f" (profile {lim['profile']})"
+        lines.append(
+            f"  limit        {where}: {lim['limit']} new taints within "
+            f"{lim['windowSeconds']:g} s, then held (resume {lim['resume']})"
+        )
     return lines
 
 

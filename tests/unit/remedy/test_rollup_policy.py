@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+from click.testing import CliRunner
+
+from drahealth.cli.policy import policy_group
 from drahealth.core import PolicyError, Threshold
 from drahealth.remedy._policy_load import parse_policy
 
@@ -78,3 +82,15 @@ def test_errors_name_the_field(section: str, error: str) -> None:
     with pytest.raises(PolicyError) as info:
         parse_policy(HEAD + f"nodeRollup: {section}\n", "p.yaml")
     assert str(info.value).startswith(f"p.yaml: {error}"), str(info.value)
+
+
+def test_policy_check_shows_the_node_rollup(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(HEAD + "nodeRollup: {taintNode: {threshold: 50%}}\n", encoding="utf-8")
+    args = ["check", str(path), "--device", "gpu.example.com/node-1/gpu-0", "--message", "XID"]
+    out = CliRunner().invoke(policy_group, args)
+    assert out.exit_code == 0, out.output
+    assert (
+        "  node         DRADevicesHealthy=False; drahealth.io/devices-unhealthy:NoSchedule "
+        "once 50% of its devices are tainted"
+    ) in out.output
