@@ -19,6 +19,7 @@ from drahealth import __version__
 COMMANDS: dict[str, str] = {
     "agent": "drahealth.cli.agent:agent_command",
     "apiserver": "drahealth.cli.apiserver:apiserver_command",
+    "clear": "drahealth.cli.clear:clear_command",
     "controller": "drahealth.cli.controller:controller_command",
     "dashboard": "drahealth.cli.dashboard:dashboard_command",
     "demo": "drahealth.cli.demo:demo_command",
@@ -28,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "inject": "drahealth.cli.inject:inject_command",
     "pods": "drahealth.cli.views:pods_command",
     "policy": "drahealth.cli.policy:policy_group",
+    "resume": "drahealth.cli.resume:resume_command",
     "status": "drahealth.cli.views:status_command",
     "taint": "drahealth.cli.taint:taint_command",
     "untaint": "drahealth.cli.taint:untaint_command",

@@ -96,6 +96,7 @@ from drahealth.kube import (
     to_internal,
     write_configmap_data,
 )
+from drahealth.remedy._aftercare import AftercareGuard
 from drahealth.remedy._breaker_guard import BreakerGuard
 from drahealth.remedy._burnin import ANNOTATION_BURN_IN, OutcomeReporter
 from drahealth.remedy._control import (
@@ -275,6 +276,8 @@ class RemediationController:
             record=self._record, event=self._event, wake=self._wake, clock=self._clock,
             wall=self._wall, namespace=self.namespace, history_configmap=HISTORY_CONFIGMAP,
         )  # fmt: skip
+        #: needs-a-human marks, operator clears and repair actions
+        self.aftercare = AftercareGuard(self)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -364,6 +367,7 @@ class RemediationController:
             await self._load_history()
             await self._load_state()
             self._seed()
+            self.aftercare.restore()
             await self._seed_nodes()
             self.outcomes.synced()
             await self.rollup.load()
@@ -380,6 +384,7 @@ class RemediationController:
             self.synced = False
             await cancel_and_wait(tasks)
             await self.outcomes.stop()
+            await self.aftercare.stop()
             for r, feed in self._feeds:
                 r.remove_handler(feed)
                 await r.stop()
@@ -501,6 +506,7 @@ class RemediationController:
             else:
                 self._bad_seen.pop(key, None)
         pass  #  # a device listed for the first time burns in
+        self.aftercare.apply_clears(now)  # drahealth clear: before the engine's answer
         wants = self.engine.wants(now)
         # ownership filter: held (operator untaint) and frozen (opt-out, exclude) devices
         wants = self.ownership.filter(wants, self.control)
@@ -523,6 +529,7 @@ class RemediationController:
             self._wake.set()  # more nodes than one pass writes: go on at once
         self.evictor.gone(self.model.take_gone_pods())
         self._start_validations(now)
+        self.aftercare.after_pass(now, self.ownership.frozen)  # escalation and repairs
         self.outcomes.after(now)
         self.metrics.pending_evictions.set(self.evictor.pending)
         self.state.set("holds", self.ownership.state())
@@ -795,6 +802,7 @@ class RemediationController:
                 if why is not None:  # says why the device burns in; a restart resumes it
                     body["metadata"]["annotations"][ANNOTATION_BURN_IN] = why
             bodies[ident] = body
+            body = self.aftercare.annotate(key, body)  # drahealth.io/needs-human
             desired[body["metadata"]["name"]] = (key, body)
         self._bodies = bodies
         self._rule_names = {key: name for name, (key, _) in desired.items()}
@@ -816,10 +824,10 @@ class RemediationController:
                         self.metrics.reaction.observe(max(0.0, now - seen))
             else:
                 ct = current.spec.taint if current.spec else None
-                if ct is None or (ct.effect, ct.value or "") != (
-                    taint["effect"],
-                    taint.get("value", ""),
-                ):
+                if ct is None or self.aftercare.stale(current, body) or (
+                    ct.effect,
+                    ct.value or "",
+                ) != (taint["effect"], taint.get("value", "")):
                     updated = as_dict(current)
                     updated["spec"]["taint"] = {**(updated["spec"].get("taint") or {}), **taint}
                     updated["spec"]["taint"].pop("timeAdded", None)

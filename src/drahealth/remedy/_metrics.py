@@ -98,3 +98,26 @@ class ControllerMetrics:
             "Devices a degraded rule matches (shown, not tainted).",
             registry=self.registry,
         )
+        self.needs_human = Gauge(
+            "drahealth_controller_needs_human",
+            "Devices that need a human (taint kept until drahealth clear).",
+            registry=self.registry,
+        )
+        self.needs_human_marked = Counter(
+            "drahealth_controller_needs_human_marked",
+            "Times a device was marked needs-a-human, by cause (episodes, repairs).",
+            ["cause"],
+            registry=self.registry,
+        )
+        self.repairs = Counter(
+            "drahealth_controller_repairs",
+            "Repair attempts finished, by kind (exec, webhook, job) and result "
+            "(succeeded, failed).",
+            ["kind", "result"],
+            registry=self.registry,
+        )
+        self.repairs_running = Gauge(
+            "drahealth_controller_repairs_running",
+            "Repair attempts running now.",
+            registry=self.registry,
+        )
