@@ -11,7 +11,13 @@ from typing import TYPE_CHECKING
 from drahealth._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from drahealth.remedy._control import STATE_CONFIGMAP
+    from drahealth.remedy._control import (
+        CONTROL_CONFIGMAP,
+        STATE_CONFIGMAP,
+        ControlError,
+        read_state,
+        send_request,
+    )
     from drahealth.remedy._controller import HISTORY_CONFIGMAP, RemediationController
     from drahealth.remedy._evict import Evictor
     from drahealth.remedy._metrics import ControllerMetrics
@@ -52,6 +58,10 @@ _EXPORTS: dict[str, str] = {
     "HISTORY_CONFIGMAP": "drahealth.remedy._controller",
     "RemediationController": "drahealth.remedy._controller",
     "STATE_CONFIGMAP": "drahealth.remedy._control",
+    "CONTROL_CONFIGMAP": "drahealth.remedy._control",
+    "ControlError": "drahealth.remedy._control",
+    "read_state": "drahealth.remedy._control",
+    "send_request": "drahealth.remedy._control",
     "Evictor": "drahealth.remedy._evict",
     "ControllerMetrics": "drahealth.remedy._metrics",
     "ModeChoice": "drahealth.remedy._modes",
@@ -86,12 +96,14 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "CONTROLLER_LABEL",
+    "CONTROL_CONFIGMAP",
     "DEFAULT_TAINT_KEY",
     "EFFECTS",
     "HISTORY_CONFIGMAP",
     "MANAGED_BY",
     "OPERATOR_LABEL",
     "STATE_CONFIGMAP",
+    "ControlError",
     "ControllerMetrics",
     "DeviceRef",
     "Evictor",
@@ -113,10 +125,12 @@ __all__ = [
     "parse_device",
     "parse_policy",
     "pod_observations",
+    "read_state",
     "remove_taints",
     "resolve_mode",
     "rule_body",
     "rule_name",
+    "send_request",
     "validate_taint",
 ]
 

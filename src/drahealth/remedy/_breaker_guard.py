@@ -1,0 +1,130 @@
+"""The controller's side of the blast-radius circuit breaker: one call per pass.
+
+Owns :class:`BreakerGuard`: it wraps the core's :class:`CircuitBreaker` (the decisions)
+with what the controller does about them: the ``breaker`` key of the state ConfigMap
+(read back when a leader starts, written when it changes), the operator's ``resume``
+request from the control ConfigMap, the metrics
+(``drahealth_controller_breaker_tripped{scope}``, ``drahealth_controller_held_taints``,
+``drahealth_controller_breaker_trips_total{scope}``), a ``RemediationPaused`` /
+``RemediationResumed`` Warning/Normal Event per trip and resume (on the Node for a node's
+group, else on the history ConfigMap) and a history line for each.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final
+
+from drahealth.core import (
+    BREAKER_SCOPES,
+    BreakerEvent,
+    CircuitBreaker,
+    DeviceFacts,
+    DeviceKey,
+    Policy,
+    Want,
+)
+from drahealth.remedy._metrics import ControllerMetrics
+
+__all__ = ["STATE_KEY", "BreakerGuard"]
+
+log = logging.getLogger(__name__)
+
+#: The state ConfigMap's key and the control ConfigMap's key this module owns.
+STATE_KEY: Final = "breaker"
+RESUME_KEY: Final = "resume"
+
+Record = Callable[[str, str, str], None]  # (action, subject, message)
+Notify = Callable[[str, str, str, str], None]  # (node or '', type, reason, message)
+
+
+class BreakerGuard:
+    """See the module docstring. ``record`` writes a history line, ``notify`` an Event."""
+
+    def __init__(
+        self, policy: Policy, metrics: ControllerMetrics, record: Record, notify: Notify
+    ) -> None:
+        self.breaker = CircuitBreaker(policy)
+        self.metrics = metrics
+        self._record = record
+        self._notify = notify
+        self._started = False
+        self._written = -1  # the breaker version last put in the state
+
+    @property
+    def enabled(self) -> bool:
+        return self.breaker.enabled
+
+    def track(self, key: DeviceKey, facts: DeviceFacts | None) -> None:
+        """A device whose slice changed (None: no slice lists it any more)."""
+        self.breaker.track(key, facts)
+
+    def apply(
+        self,
+        wants: dict[DeviceKey, Want],
+        *,
+        writes: Callable[[DeviceKey, Want], bool],
+        facts: Callable[[DeviceKey], DeviceFacts],
+        carrying: Callable[[], Iterable[DeviceKey]],
+        control: Mapping[str, Any],
+        state: Any,
+        now: float,
+    ) -> dict[DeviceKey, Want]:
+        """One pass: the wants to carry out (held new taints left out).
+
+        ``control``: the operator's requests by key; ``state``: the controller's state
+        keys (``get``/``set``); ``carrying()``: devices carrying the controller's taint,
+        asked on the first pass only; ``now``: unix seconds.
+        """
+        b = self.breaker
+        if self._started and not b.enabled:
+            return wants
+        if not self._started:
+            self._started = True
+            saved = state.get(STATE_KEY)
+            if b.enabled:
+                b.restore(saved, now)
+                b.carrying(carrying())
+            elif isinstance(saved, Mapping) and (saved.get("tripped") or saved.get("held")):
+                # the policy has no limits any more: nothing is held
+                state.set(STATE_KEY, {"tripped": [], "held": [], "heldCount": 0, "admitted": []})
+        if not b.enabled:
+            return wants
+        events = b.resume(control.get(RESUME_KEY), now)
+        out, more = b.admit(wants, writes, facts, now)
+        for event in [*events, *more]:
+            self._report(event)
+        if b.version != self._written:
+            self._written = b.version
+            state.set(STATE_KEY, b.state())
+            self._gauges()
+        return out
+
+    def _gauges(self) -> None:
+        b = self.breaker
+        per = dict.fromkeys(BREAKER_SCOPES, 0)
+        for group in b.tripped:
+            per[group.scope] = per.get(group.scope, 0) + 1
+        for scope, n in per.items():
+            self.metrics.breaker_tripped.labels(scope).set(n)
+        self.metrics.held_taints.set(len(b.held))
+
+    def _report(self, event: BreakerEvent) -> None:
+        message = event.message()
+        tripped = event.kind == "tripped"
+        if tripped:
+            self.metrics.breaker_trips.labels(event.group.scope).inc()
+            log.warning("%s", message)
+        else:
+            log.info("%s", message)
+        self._record(
+            "breaker-tripped" if tripped else "breaker-resumed", event.group.describe(), message
+        )
+        node = event.group.name if event.group.scope == "node" else ""
+        self._notify(
+            node,
+            "Warning" if tripped else "Normal",
+            "RemediationPaused" if tripped else "RemediationResumed",
+            message,
+        )
