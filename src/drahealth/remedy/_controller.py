@@ -505,7 +505,7 @@ class RemediationController:
                 self._bad_seen.setdefault(key, since)
             else:
                 self._bad_seen.pop(key, None)
-        pass  #  # a device listed for the first time burns in
+        self.outcomes.changed(changed, now)  # a device listed for the first time burns in
         self.aftercare.apply_clears(now)  # drahealth clear: before the engine's answer
         wants = self.engine.wants(now)
         # ownership filter: held (operator untaint) and frozen (opt-out, exclude) devices
