@@ -5,7 +5,7 @@ Owns :func:`read_remediation_state` (one ``get`` of the ConfigMap
 :func:`drahealth.core.parse_state_data`), :func:`remediation_lines` (the "Remediation"
 block of ``drahealth status``: the circuit breaker, devices that need a human, operator
 holds, degraded devices, burn-in and repairs, each list cut to ``limit`` lines) and
-:func:`history_label` (the controller's history actions in words).
+:func:`history_line` (what the controller holds of one device now, for ``history``).
 
 No ConfigMap means nothing to show (no controller, or one that predates it); a reader
 without access to it gets one note and the rest of the view.
@@ -24,7 +24,6 @@ from drahealth.core import RemediationState, parse_rfc3339, parse_state_data
 from drahealth.remedy import STATE_CONFIGMAP
 
 __all__ = [
-    "history_label",
     "history_line",
     "read_remediation_state",
     "remediation_lines",
@@ -32,29 +31,6 @@ __all__ = [
 
 #: Lines shown per list of the block (the rest are counted).
 DEFAULT_LIMIT: Final = 20
-
-#: The controller's history actions -> words (an action ``family-detail`` reads as
-#: ``words (detail)``); an action not listed is shown as written.
-_ACTIONS: Final = {
-    "create": "tainted",
-    "update": "taint changed",
-    "delete": "untainted",
-    "evict": "evicted",
-    "validate": "validation",
-    "report": "would act (report-only)",
-    "over-broad": "over-broad rule",
-    "node": "node-level action",
-    "hold": "operator hold",
-    "unhold": "operator hold ended",
-    "breaker": "circuit breaker",
-    "resume": "resumed by an operator",
-    "needs-human": "needs a human",
-    "clear": "cleared by an operator",
-    "repair": "repair",
-    "burn-in": "burn-in",
-    "degraded": "degraded",
-    "escalate": "escalated",
-}
 
 
 def read_remediation_state(
@@ -74,16 +50,6 @@ def read_remediation_state(
         )
         return RemediationState()
     return parse_state_data(cm.data)
-
-
-def history_label(action: str) -> str:
-    """``needs-human`` -> ``needs a human``; ``repair-failed`` -> ``repair (failed)``."""
-    if action in _ACTIONS:
-        return _ACTIONS[action]
-    for family in sorted(_ACTIONS, key=len, reverse=True):
-        if action.startswith(family + "-"):
-            return f"{_ACTIONS[family]} ({action[len(family) + 1 :]})"
-    return action
 
 
 def _duration(seconds: float) -> str:

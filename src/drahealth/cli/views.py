@@ -39,7 +39,13 @@ from rich.text import Text
 from drahealth._api_failures import CommandError, api_failures, load_checked
 from drahealth._served import NO_CONTROLLER, auto_mode, controller_mode, not_served_note
 from drahealth._text import json_text, printable
-from drahealth.core import DEFAULT_NAMESPACE, LABELS, agent_records, mentions_device
+from drahealth.core import (
+    DEFAULT_NAMESPACE,
+    LABELS,
+    agent_records,
+    history_label,
+    mentions_device,
+)
 from drahealth.kube import DiscoveryError, ServedAPIs, discover_sync, make_sync_client, to_internal
 
 __all__ = ["history_command", "pods_command", "status_command", "watch_command"]
@@ -383,7 +389,7 @@ def history_command(
     and adds ``label``), and a ``now:`` line says what the controller holds of the
     device today (needs a human, held, repair...), on stderr with ``-o json|yaml``.
     """
-    from drahealth.cli._remediation import history_label, history_line, read_remediation_state
+    from drahealth.cli._remediation import history_line, read_remediation_state
     from drahealth.remedy import HISTORY_CONFIGMAP, STATE_CONFIGMAP, RuleError, parse_device
 
     try:

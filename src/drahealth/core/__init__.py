@@ -171,6 +171,7 @@ from drahealth.core._remedy_engine import Degraded, RemedyEngine, Want, explain
 from drahealth.core._remedy_state import (
     REMEDIATION_MARKERS,
     RemediationState,
+    history_label,
     mentions_device,
     parse_rfc3339,
     parse_state,
@@ -382,6 +383,7 @@ __all__ = [
     "format_time",
     "frozen_reason",
     "health_condition",
+    "history_label",
     "is_agent_record",
     "is_dns_label",
     "is_dns_subdomain",

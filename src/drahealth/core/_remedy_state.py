@@ -21,13 +21,16 @@ names no valid device is skipped (counted in one note per key); a field of the w
 type, or a number that is not a finite integer, reads as missing; unknown fields are
 ignored; text is cut to :data:`MAX_TEXT` characters; at most :data:`MAX_ENTRIES` entries
 are kept per list (the note says how many there were) and at most :data:`MAX_NOTES`
-notes. Timestamps stay as written (RFC 3339); :func:`parse_rfc3339` reads one. No I/O.
+notes. Timestamps stay as written (RFC 3339); :func:`parse_rfc3339` reads one.
+:func:`history_label` says the controller's history actions in words, :func:`mentions_device`
+finds a device named whole in a history line or Event. No I/O.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -57,6 +60,7 @@ __all__ = [
     "NeedsHumanEntry",
     "RemediationState",
     "RepairEntry",
+    "history_label",
     "mentions_device",
     "parse_rfc3339",
     "parse_state",
@@ -135,6 +139,40 @@ def mentions_device(text: str, device: str) -> bool:
             return True
         start = text.find(device, start + 1)
     return False
+
+
+#: The controller's history actions -> words (an action ``family-detail`` reads as
+#: ``words (detail)``); an action not listed is shown as written.
+_ACTIONS: Final[dict[str, str]] = {
+    "create": "tainted",
+    "update": "taint changed",
+    "delete": "untainted",
+    "evict": "evicted",
+    "validate": "validation",
+    "report": "would act (report-only)",
+    "over-broad": "over-broad rule",
+    "node": "node-level action",
+    "hold": "operator hold",
+    "unhold": "operator hold ended",
+    "breaker": "circuit breaker",
+    "resume": "resumed by an operator",
+    "needs-human": "needs a human",
+    "clear": "cleared by an operator",
+    "repair": "repair",
+    "burn-in": "burn-in",
+    "degraded": "degraded",
+    "escalate": "escalated",
+}
+
+
+def history_label(action: str) -> str:
+    """``needs-human`` -> ``needs a human``; ``repair-failed`` -> ``repair (failed)``."""
+    if action in _ACTIONS:
+        return _ACTIONS[action]
+    for family in sorted(_ACTIONS, key=len, reverse=True):
+        if action.startswith(family + "-"):
+            return f"{_ACTIONS[family]} ({action[len(family) + 1 :]})"
+    return action
 
 
 # --------------------------------------------------------------------------- records
@@ -276,18 +314,10 @@ class RemediationState:
     def total(self, key: str) -> int:
         return self.totals.get(key, 0)
 
-    def devices(self) -> set[str]:
-        """Every device some key names."""
-        out: set[str] = set()
-        for group in (
-            self.held, self.needs_human, self.holds, self.degraded, self.burn_in, self.repairs
-        ):  # fmt: skip
-            out.update(r.device for r in group)
-        return out
-
-    def device_state(self, device: str, now: float) -> dict[str, Any]:
-        """One device's entries and markers (empty when no key names it)."""
-        out: dict[str, Any] = {}
+    @functools.cached_property
+    def _by_device(self) -> dict[str, dict[str, Any]]:
+        """Device -> its records by kind (built once; a view asks per device)."""
+        index: dict[str, dict[str, Any]] = {}
         for name, group in (
             (NEEDS_HUMAN_KEY, self.needs_human),
             ("hold", self.holds),
@@ -296,14 +326,25 @@ class RemediationState:
             ("repair", self.repairs),
         ):
             for record in group:
-                if record.device == device:
-                    out[name] = record.to_json()
-                    if isinstance(record, HoldEntry):
-                        out[name]["expired"] = record.expired(now)
-                    break
-        held = [h.to_json() for h in self.held if h.device == device]
-        if held:
-            out["breakerHeld"] = held
+                index.setdefault(record.device, {}).setdefault(name, record)
+        for held in self.held:
+            index.setdefault(held.device, {}).setdefault("breakerHeld", []).append(held)
+        return index
+
+    def devices(self) -> set[str]:
+        """Every device some key names."""
+        return set(self._by_device)
+
+    def device_state(self, device: str, now: float) -> dict[str, Any]:
+        """One device's entries and markers (empty when no key names it)."""
+        out: dict[str, Any] = {}
+        for name, record in self._by_device.get(device, {}).items():
+            if isinstance(record, list):
+                out[name] = [r.to_json() for r in record]
+            else:
+                out[name] = record.to_json()
+                if isinstance(record, HoldEntry):
+                    out[name]["expired"] = record.expired(now)
         markers = self.markers(device, now)
         if markers:
             out["markers"] = markers
@@ -311,24 +352,45 @@ class RemediationState:
 
     def markers(self, device: str, now: float) -> list[str]:
         """The :data:`REMEDIATION_MARKERS` that apply to ``device``, most urgent first."""
+        records = self._by_device.get(device)
+        if not records:
+            return []
         found: set[str] = set()
-        if any(r.device == device for r in self.needs_human):
+        if NEEDS_HUMAN_KEY in records:
             found.add("NEEDS-HUMAN")
-        if any(r.device == device for r in self.held):
+        if "breakerHeld" in records:
             found.add("PAUSED")
-        if any(r.device == device and not r.expired(now) for r in self.holds):
+        hold = records.get("hold")
+        if hold is not None and not hold.expired(now):
             found.add("HELD")
-        for r in self.repairs:
-            if r.device == device:
-                if r.in_progress:
-                    found.add("REPAIRING")
-                elif r.phase == "failed":
-                    found.add("REPAIR-FAILED")
-        if any(r.device == device for r in self.degraded):
+        repair = records.get("repair")
+        if repair is not None and repair.in_progress:
+            found.add("REPAIRING")
+        elif repair is not None and repair.phase == "failed":
+            found.add("REPAIR-FAILED")
+        if DEGRADED_KEY in records:
             found.add("DEGRADED")
-        if any(r.device == device for r in self.burn_in):
+        if BURN_IN_KEY in records:
             found.add("BURN-IN")
         return [m for m in REMEDIATION_MARKERS if m in found]
+
+    def summary(self) -> dict[str, Any]:
+        """The state without per-device entries: the breaker, counts and notes (small,
+        whatever the number of devices; the dashboard's page-wide part)."""
+        return {
+            "present": self.present,
+            "paused": self.paused,
+            "tripped": [t.to_json() for t in self.tripped],
+            "held": self.total("breakerHeld") or len(self.held),
+            "counts": {
+                NEEDS_HUMAN_KEY: self.total(NEEDS_HUMAN_KEY) or len(self.needs_human),
+                HOLDS_KEY: self.total(HOLDS_KEY) or len(self.holds),
+                DEGRADED_KEY: self.total(DEGRADED_KEY) or len(self.degraded),
+                BURN_IN_KEY: self.total(BURN_IN_KEY) or len(self.burn_in),
+                REPAIRS_KEY: self.total(REPAIRS_KEY) or len(self.repairs),
+            },
+            "notes": list(self.notes),
+        }
 
     def to_json(self) -> dict[str, Any]:
         """The whole state as plain JSON (what the dashboard serves)."""
@@ -536,11 +598,20 @@ def parse_state(values: Mapping[str, Any] | None, *, notes: Iterable[str] = ()) 
 def _record(cls: type[_R], device: str, entry: Mapping[str, Any]) -> _R:
     """``cls`` from one entry: ``attempt`` an integer, every other field text."""
     kw: dict[str, Any] = {
-        f.name: _int(entry.get(f.name)) if f.name == "attempt" else _text(entry.get(f.name))
-        for f in dataclasses.fields(cls)
-        if f.name != "device"
+        name: _int(entry.get(name)) if name == "attempt" else _text(entry.get(name))
+        for name in _field_names(cls)
     }
     return cls(device=device, **kw)
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls) if f.name != "device")
+    return names
 
 
 def parse_state_data(data: Mapping[str, Any] | None) -> RemediationState:

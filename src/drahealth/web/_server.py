@@ -9,8 +9,11 @@ and ``/healthz``. Reflectors on the kinds the snapshot reads keep it current, ea
 kind at the version the server serves (discovered at start); a kind it does not serve
 gets no reflector, and the state's ``unavailable`` lines (shown on the page) say so; device
 health comes only from the node agents' records in ``agent_namespace`` (see
-:mod:`drahealth.core`). The JSON served is always valid JSON: a state that
-cannot be written without NaN/Infinity is not published (the last good one stays).
+:mod:`drahealth.core`). The remediation controller's state ConfigMap in
+``history_namespace`` (the controller's) is followed too, for its circuit breaker banner
+and per-device markers; without access to it the page shows none. The JSON served is
+always valid JSON: a state that cannot be written without NaN/Infinity is not published
+(the last good one stays).
 
 Bounds: at most :data:`MAX_STREAMS` event streams at once (more get 503); each stream
 holds at most :data:`STREAM_QUEUE` states not yet sent, and one write may block at most
@@ -33,6 +36,7 @@ import asyncio
 import hmac
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
@@ -45,9 +49,19 @@ from drahealth._aio import cancel_and_wait
 from drahealth._http_guard import HTTPGuard, HTTPLimits
 from drahealth._served import not_served_note
 from drahealth._text import json_text
-from drahealth.core import DEFAULT_NAMESPACE, LABELS, agent_records
+from drahealth.core import (
+    DEFAULT_NAMESPACE,
+    LABELS,
+    RemediationState,
+    agent_records,
+    history_label,
+    mentions_device,
+    parse_state_data,
+)
 from drahealth.kube import DiscoveryError, Reflector, ServedAPIs, discover, to_internal
 from drahealth.remedy import (
+    HISTORY_CONFIGMAP,
+    STATE_CONFIGMAP,
     RuleAPIUnavailable,
     RuleError,
     apply_taint,
@@ -72,6 +86,8 @@ STREAM_QUEUE = 8
 STREAM_WRITE_TIMEOUT = 10.0
 #: Reflector name -> the DRA kind it follows (at the version the server serves).
 _DRA_REFLECTORS = {"claims": "ResourceClaim", "slices": "ResourceSlice", "rules": "DeviceTaintRule"}
+#: Reflectors the first snapshot does not wait for (the page works without them).
+_OPTIONAL = frozenset({"nodes", "remediation"})
 
 
 class Dashboard:
@@ -107,6 +123,11 @@ class Dashboard:
             "pods": Reflector(client, Pod, name="web-pods"),
             # the node taints and cordons of the controller's node-level modes
             "nodes": Reflector(client, Node, name="web-nodes"),
+            # the controller's guard rails: breaker, needs-human, holds, ... (optional)
+            "remediation": Reflector(
+                client, ConfigMap, namespace=history_namespace,
+                fields={"metadata.name": STATE_CONFIGMAP}, name="web-remediation",
+            ),
         }  # fmt: skip
         self.state: dict[str, Any] = {"nodes": [], "unavailable": []}
         self._text = json.dumps(self.state)
@@ -116,6 +137,8 @@ class Dashboard:
         #: Streams disconnected for falling behind, since start.
         self.slow_streams_closed = 0
         self._warned: set[str] = set()
+        #: The state ConfigMap's resourceVersion and its reading (parsed once per change).
+        self._remedy_state: tuple[str, RemediationState] | None = None
         self._dirty = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
@@ -145,7 +168,7 @@ class Dashboard:
             r.add_handler(lambda *_a: self._dirty.set())
             await r.start()
         for key, r in self.reflectors.items():
-            if key != "nodes":  # optional: a dashboard without access to Nodes still runs
+            if key not in _OPTIONAL:  # a dashboard without access to these still runs
                 await r.wait_synced()
         self._refresh()
         self._tasks.append(asyncio.create_task(self._loop(), name="dashboard-refresh"))
@@ -204,6 +227,8 @@ class Dashboard:
             dicts("rules"),
             warn=self._warn,
             node_objects=r["nodes"].store.dicts(),
+            remediation=self._remediation(),
+            now=time.time(),
         )
         state["unavailable"] = list(self.unavailable)
         try:
@@ -218,6 +243,22 @@ class Dashboard:
                     q.put_nowait(text)
                 except asyncio.QueueFull:
                     self._disconnect(q, request)
+
+    def _remediation(self) -> RemediationState:
+        """The controller's state ConfigMap, as far as it can be read (notes logged once)."""
+        found = [
+            o for o in self.reflectors["remediation"].store.dicts()
+            if (o.get("metadata") or {}).get("name") == STATE_CONFIGMAP
+        ]  # fmt: skip
+        if not found:
+            return RemediationState()
+        version = str((found[0].get("metadata") or {}).get("resourceVersion", ""))
+        if self._remedy_state is None or self._remedy_state[0] != version or not version:
+            state = parse_state_data(found[0].get("data"))  # once per change of the object
+            for note in state.notes:
+                self._warn(f"configmap {self.history_namespace}/{STATE_CONFIGMAP}: {note}")
+            self._remedy_state = (version, state)
+        return self._remedy_state[1]
 
     def _disconnect(self, queue: asyncio.Queue[str], request: web.Request) -> None:
         """Drop a stream whose client does not keep up; its EventSource reconnects."""
@@ -377,17 +418,22 @@ class Dashboard:
         rows: list[dict[str, Any]] = []
         try:
             cm = await self.client.get(
-                ConfigMap, "drahealth-remediation-history", namespace=self.history_namespace
+                ConfigMap, HISTORY_CONFIGMAP, namespace=self.history_namespace
             )
-            for h in json.loads((cm.data or {}).get("history", "[]")):
-                if device in str(h.get("subject", "")) or device in str(h.get("message", "")):
-                    rows.append({"time": h.get("time", ""), "what": h.get("action", ""),
-                                 "message": h.get("message", "")})  # fmt: skip
+            entries = json.loads((cm.data or {}).get("history", "[]"))
+            for h in entries if isinstance(entries, list) else []:
+                if not isinstance(h, dict):
+                    continue
+                subject, message = str(h.get("subject", "")), str(h.get("message", ""))
+                if mentions_device(subject, device) or mentions_device(message, device):
+                    action = str(h.get("action", ""))
+                    rows.append({"time": h.get("time", ""), "what": history_label(action),
+                                 "action": action, "message": message})  # fmt: skip
         except (ApiError, ValueError):
             pass
         try:
             async for e in self.client.list(Event, namespace="*"):
-                if device in (e.message or ""):
+                if mentions_device(e.message or "", device):
                     when = e.lastTimestamp or e.firstTimestamp
                     rows.append({"time": when.isoformat() if when else "", "what": e.reason or "",
                                  "message": e.message or ""})  # fmt: skip

@@ -8,6 +8,14 @@ every change and pushes the result when it differs. The caller passes only the a
 own records (the convention in :mod:`drahealth.core`). A record's ``since`` that is not a
 finite number is shown as unknown (None) and reported through ``warn``, so the state is
 always valid JSON.
+
+The remediation controller's state (:class:`~drahealth.core.RemediationState`, from its
+ConfigMap ``drahealth-remediation-state``) adds ``remediation`` twice: page-wide, the
+circuit breaker, counts and notes (:meth:`~drahealth.core.RemediationState.summary`,
+small whatever the fleet's size), and per device, that device's entries and markers
+(``NEEDS-HUMAN``, ``PAUSED``, ``HELD``, ``REPAIRING``, ``REPAIR-FAILED``, ``DEGRADED``,
+``BURN-IN``; ``{}`` when none applies). Devices the state names that no slice or record
+knows are counted, not drawn.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from drahealth.core import DeviceKey
+from drahealth.core import DeviceKey, RemediationState
 from drahealth.remedy import consumers, device_taints, observations
 
 __all__ = ["snapshot"]
@@ -33,7 +41,11 @@ def snapshot(
     rules: list[JSON],
     warn: Callable[[str], None] | None = None,
     node_objects: list[JSON] | None = None,
+    remediation: RemediationState | None = None,
+    now: float = 0.0,
 ) -> JSON:
+    """The page's state; ``now`` (unix time) decides which operator holds have expired."""
+    state = remediation if remediation is not None else RemediationState()
     seen = observations(configmaps, pods, claims)
     for key, obs in list(seen.items()):
         if obs.since is not None and not math.isfinite(obs.since):
@@ -51,24 +63,32 @@ def snapshot(
             key = DeviceKey(driver, pool, d.get("name", ""))
             known.add(key)
             nodes.setdefault(spec.get("nodeName") or "(no node)", []).append(
-                _device(key, seen, taints, users)
+                _device(key, seen, taints, users, state, now)
             )
     for key, obs in seen.items():  # reported by an agent but not (yet) in a slice
         if key not in known:
-            nodes.setdefault(obs.node or "(no node)", []).append(_device(key, seen, taints, users))
+            nodes.setdefault(obs.node or "(no node)", []).append(
+                _device(key, seen, taints, users, state, now)
+            )
     return {
+        "remediation": state.summary(),
         "nodes": [
             {
                 "name": name,
                 "devices": sorted(devs, key=lambda d: (d["driver"], d["pool"], d["device"])),
             }
             for name, devs in sorted(nodes.items())
-        ]
+        ],
     }
 
 
 def _device(
-    key: DeviceKey, seen: dict[DeviceKey, Any], taints: dict[DeviceKey, list[JSON]], users: Any
+    key: DeviceKey,
+    seen: dict[DeviceKey, Any],
+    taints: dict[DeviceKey, list[JSON]],
+    users: Any,
+    state: RemediationState,
+    now: float,
 ) -> JSON:
     obs = seen.get(key)
     return {
@@ -81,4 +101,5 @@ def _device(
         "since": obs.since if obs else None,
         "taints": taints.get(key, []),
         "pods": [f"{c.namespace}/{c.name}" for c in sorted(users.get(key, []))],
+        "remediation": state.device_state(str(key), now),
     }

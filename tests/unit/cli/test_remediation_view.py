@@ -9,12 +9,11 @@ from lightkube import ApiError
 from lightkube.models.meta_v1 import Status
 
 from drahealth.cli._remediation import (
-    history_label,
     history_line,
     read_remediation_state,
     remediation_lines,
 )
-from drahealth.core import RemediationState, parse_rfc3339, parse_state
+from drahealth.core import RemediationState, history_label, parse_rfc3339, parse_state
 
 D1 = "gpu.example.com/node-1/gpu-1"
 T0 = "2030-01-01T00:00:00Z"

@@ -241,3 +241,13 @@ def test_any_json_never_raises_and_stays_json(values: dict[str, object]) -> None
     for device in state.devices():
         state.markers(device, NOW)
         json.dumps(state.device_state(device, NOW), allow_nan=False)
+
+
+def test_summary_is_small_whatever_the_number_of_devices() -> None:
+    many = {f"gpu.example.com/node-1/gpu-{i}": {"why": "x"} for i in range(3000)}
+    state = parse_state({"needsHuman": many, "breaker": FULL["breaker"]})
+    summary = state.summary()
+    assert summary["paused"] is True and summary["held"] == 1
+    assert summary["counts"]["needsHuman"] == 3000
+    assert summary["tripped"][0]["limit"] == "10%"
+    assert len(json.dumps(summary)) < 2000
