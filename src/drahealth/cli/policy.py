@@ -49,6 +49,8 @@ def _human(result: dict[str, Any]) -> list[str]:
     head = f"{result['device']} {result['health']}" + (
         f' "{result["message"]}"' if result["message"] else ""
     )
+    if result.get("excluded"):
+        return [f"{head}: excluded ({result['excluded']}): no automatic action at all"]
     if result["rule"] is None:
         return [f"{head}: no rule matches; the controller does nothing"]
     if result.get("outcome") == "ignore":

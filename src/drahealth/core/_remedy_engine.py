@@ -426,6 +426,7 @@ def explain(policy: Policy, facts: DeviceFacts, health: Health, message: str) ->
         None if profile is None else {"name": profile.name, "observeOnly": profile.observe_only}
     )
     out["limits"] = explain_limits(policy, facts)  # the circuit breaker's caps on it
+    out["excluded"] = policy.exclude.reason(facts)  # the ownership filter: no action at all
     burn_in = policy.burn_in
     out["burnIn"] = (
         None

@@ -10,9 +10,11 @@ only that:
   ``drahealth.io/cordoned`` saying why; a node that was already unschedulable (an
   operator's cordon) is left alone and never uncordoned by drahealth;
 * both: the annotation ``drahealth.io/unhealthy-devices`` listing every bad device on the
-  node (device, mode, taint key, value, wanted effect, policy rule, reason, since), from
-  which a restarted controller resumes, and ``drahealth.io/node-taints`` naming the node
-  taints drahealth wrote, so that it only ever removes those.
+  node (device, mode, taint key, value, wanted effect, policy rule, reason, since, and
+  the provenance: ``by`` the controller's identity, ``health``, ``firstSeen`` when the
+  bad health was first observed), from which a restarted controller resumes, and
+  ``drahealth.io/node-taints`` naming the node taints drahealth wrote, so that it only
+  ever removes those.
 
 Taints and annotations anyone else wrote are kept as they were; a taint of someone else
 with the same key and effect is left in place (and not adopted). Writes are a read of
@@ -74,8 +76,18 @@ class NodeDevice:
     rule: str = ""
     reason: str = ""
     since: float = 0.0  # unix time the device first wanted its taint
+    by: str = ""  # who wrote it: the controller's identity
+    health: str = ""  # the bad health (Unhealthy, Unknown)
+    first_seen: float = 0.0  # unix time the bad health was first observed
 
     def as_json(self) -> JSON:
+        provenance: JSON = {}
+        if self.by:
+            provenance["by"] = self.by
+        if self.health:
+            provenance["health"] = self.health
+        if self.first_seen:
+            provenance["firstSeen"] = round(self.first_seen, 3)
         return {
             "device": str(self.device),
             "mode": self.mode,
@@ -85,6 +97,7 @@ class NodeDevice:
             "rule": self.rule,
             "reason": self.reason[:MAX_REASON],
             "since": round(self.since, 3),
+            **provenance,
         }
 
 
@@ -116,6 +129,7 @@ def read_node(node: Mapping[str, Any]) -> list[NodeDevice]:
         if key is None or mode not in NODE_MODES or not isinstance(row.get("key"), str):
             continue
         since = row.get("since")
+        first_seen = row.get("firstSeen")
         out.append(
             NodeDevice(
                 key,
@@ -126,6 +140,9 @@ def read_node(node: Mapping[str, Any]) -> list[NodeDevice]:
                 str(row.get("rule") or ""),
                 str(row.get("reason") or ""),
                 float(since) if isinstance(since, int | float) else 0.0,
+                str(row.get("by") or ""),
+                str(row.get("health") or ""),
+                float(first_seen) if isinstance(first_seen, int | float) else 0.0,
             )
         )
     return out[:MAX_DEVICES]

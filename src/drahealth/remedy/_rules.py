@@ -2,7 +2,8 @@
 
 Owns the deterministic rule name of a (node, driver, pool, device, taint key), the rule
 body (a ``spec.deviceSelector`` naming exactly one device and one ``spec.taint``), the
-labels that say who created a rule, and the validation of taint keys, values and
+labels that say who created a rule, the provenance annotations (who, which policy rule,
+why, since when: see :func:`rule_body`), and the validation of taint keys, values and
 effects with errors that name the bad input. No I/O.
 
 Names: ``dh-<readable part>-<hash>``, where the readable part is made of the device
@@ -27,6 +28,9 @@ from drahealth.core import (
 )
 
 __all__ = [
+    "ANNOTATION_CREATED_BY",
+    "ANNOTATION_FIRST_SEEN",
+    "ANNOTATION_HEALTH",
     "CONTROLLER_LABEL",
     "DEFAULT_TAINT_KEY",
     "EFFECTS",
@@ -35,6 +39,7 @@ __all__ = [
     "DeviceRef",
     "RuleError",
     "created_by",
+    "health_of",
     "is_ours",
     "parse_device",
     "rule_body",
@@ -53,6 +58,16 @@ OPERATOR_LABEL: Final = "operator"
 ANNOTATION_NODE: Final = f"{DOMAIN}/node"
 ANNOTATION_RULE: Final = f"{DOMAIN}/policy-rule"
 ANNOTATION_REASON: Final = f"{DOMAIN}/reason"
+#: Who wrote the rule: the controller's identity (its leader election identity) or the
+#: operator's user (an annotation; the label of the same name says which kind).
+ANNOTATION_CREATED_BY: Final = f"{DOMAIN}/created-by"
+#: The device health that led to the rule (Unhealthy, Unknown).
+ANNOTATION_HEALTH: Final = f"{DOMAIN}/health"
+#: When the bad health was first observed (RFC 3339); the taint's timeAdded is when the
+#: rule was written.
+ANNOTATION_FIRST_SEEN: Final = f"{DOMAIN}/first-seen"
+#: Health values a reason may start with (``"Unhealthy: XID 79"``).
+_HEALTHS: Final = ("Unhealthy", "Unknown", "Healthy")
 EFFECTS: Final = ("None", "NoSchedule", "NoExecute")
 MAX_NAME: Final = 253
 
@@ -118,6 +133,12 @@ def created_by(rule: Any) -> str | None:
     return None
 
 
+def health_of(reason: str) -> str:
+    """The health a controller reason (``"Unhealthy: XID 79"``) names, or ``""``."""
+    head = reason.split(":", 1)[0].strip()
+    return head if head in _HEALTHS else ""
+
+
 def is_ours(rule: Any) -> bool:
     """Whether the controller created ``rule`` (the only rules it may change or delete)."""
     return created_by(rule) == "controller"
@@ -133,8 +154,18 @@ def rule_body(
     by: str = "controller",
     policy_rule: str = "",
     reason: str = "",
+    writer: str = "",
+    health: str = "",
+    first_seen: str = "",
 ) -> dict[str, Any]:
-    """A ``resource.k8s.io/v1`` DeviceTaintRule for exactly ``device``."""
+    """A ``resource.k8s.io/v1`` DeviceTaintRule for exactly ``device``.
+
+    Provenance, as annotations where given: ``writer`` (who: the controller's identity
+    or the operator's user) in ``drahealth.io/created-by``, ``policy_rule``, ``reason``
+    (health and message, at most 1024 characters), ``health`` (derived from ``reason``
+    when not given) and ``first_seen`` (RFC 3339: when the bad health was first
+    observed).
+    """
     validate_taint(key, value, effect)
     if by not in ("controller", "operator"):
         raise RuleError(f"created by {by!r} must be 'controller' or 'operator'")
@@ -144,6 +175,13 @@ def rule_body(
         annotations[ANNOTATION_RULE] = policy_rule
     if reason:
         annotations[ANNOTATION_REASON] = reason[:1024]
+    if writer:
+        annotations[ANNOTATION_CREATED_BY] = writer[:253]
+    health = health or health_of(reason)
+    if health:
+        annotations[ANNOTATION_HEALTH] = health
+    if first_seen:
+        annotations[ANNOTATION_FIRST_SEEN] = first_seen
     taint = {"key": key, "value": value, "effect": effect}
     if not value:
         del taint["value"]

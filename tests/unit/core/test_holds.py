@@ -182,3 +182,14 @@ def test_deletion_holds_are_bounded(count: int) -> None:
     for i in range(count):
         book.rule_deleted(DeviceKey("d", "p", f"g{i}"), "r", T0 + i * 0.001)
     assert len(book.state(T0 + 10)) == 10_000
+
+
+def test_explain_says_whether_the_policy_excludes_the_device() -> None:
+    from drahealth.core import Health, Match, Policy, Rule, explain
+
+    policy = Policy((Rule("a", Match()),), exclude=Exclude(pools=("rack-7-*",)))
+    out = explain(policy, DeviceFacts("d", "rack-7-a", "g"), Health.UNHEALTHY, "")
+    assert out["excluded"] == "the policy's exclude.pools names 'rack-7-*'"
+    assert (
+        explain(policy, DeviceFacts("d", "rack-8", "g"), Health.UNHEALTHY, "")["excluded"] is None
+    )
