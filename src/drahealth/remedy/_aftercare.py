@@ -29,7 +29,15 @@ from typing import Any, Final
 
 from lightkube.models.core_v1 import ObjectReference
 
-from drahealth.core import DeviceKey, NeedsHuman, Notice, RepairRun, format_time, parse_time
+from drahealth.core import (
+    BURN_IN_REPAIRED,
+    DeviceKey,
+    NeedsHuman,
+    Notice,
+    RepairRun,
+    format_time,
+    parse_time,
+)
 from drahealth.remedy._repair import RepairRunner
 from drahealth.remedy._rules import ANNOTATION_NODE, ANNOTATION_RULE, is_ours
 
@@ -224,6 +232,8 @@ class AftercareGuard:
     def _done(self, run: RepairRun, ok: bool, detail: str, job: str) -> None:
         now = self.c._clock()
         phase = self.care.finished(run.key, run, ok, detail, now)
+        if phase == "succeeded":  # burnIn.appliesTo lists repaired: the burn-in gate starts
+            self.c.engine.burn_in(run.key, BURN_IN_REPAIRED, now)
         result = "succeeded" if ok else "failed"
         self.c.metrics.repairs.labels(run.repair.kind, result).inc()
         message = (

@@ -234,3 +234,53 @@ async def test_a_restart_resumes_a_burn_in_and_burns_in_nothing_else(
 
 def _epoch(text: str) -> float:
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+async def test_a_repaired_device_burns_in_before_it_takes_work_again(
+    client: AsyncClient, tmp_path: Path
+) -> None:
+    flag = tmp_path / "pass"
+    rules_with_repair = """- name: fatal
+  match: {driver: gpu.example.com}
+  recovery: {healthyFor: 0.3s}
+  repair: {exec: [sh, -c, 'exit 0'], backoff: 0.1s}
+"""
+    p = policy(
+        rules_with_repair, burn_in_policy(flag).replace("\n", "\n  appliesTo: [repaired]\n", 1)
+    )
+    await slice_with(client, "gpu-0")
+    await set_health(client, gpu_0="Healthy")
+    async with running(client, p) as controller:
+        await eventually(lambda: controller.passes >= 1, 5.0, "a first pass")
+        await set_health(client, gpu_0=("Unhealthy", "XID 79"))
+
+        async def taint_key() -> Any:
+            rule = by_device(await rules(client)).get("gpu-0")
+            return None if rule is None else rule.spec.taint.key
+
+        assert await eventually(taint_key, 5.0, "the rule's taint") == "drahealth.io/unhealthy"
+        await set_health(client, gpu_0="Healthy")
+
+        async def burning_in() -> bool:
+            return await taint_key() == "drahealth.io/burn-in"
+
+        # repaired and recovered: the rule's taint gives way to the burn-in taint, never
+        # leaving the device untainted in between
+        seen: set[Any] = set()
+
+        async def watch() -> bool:
+            seen.add(await taint_key())
+            return await burning_in()
+
+        await eventually(watch, 5.0, "the burn-in taint after the repair")
+        assert None not in seen, seen
+        rule = by_device(await rules(client))["gpu-0"]
+        assert rule.spec.taint.value == "repaired"
+        assert rule.metadata.annotations["drahealth.io/burn-in"] == "after repair"
+        assert (await state(client, "burnIn"))[f"{D}/{NODE}/gpu-0"]["why"] == "after repair"
+        flag.touch()
+
+        async def untainted() -> bool:
+            return "gpu-0" not in by_device(await rules(client))
+
+        await eventually(untainted, 5.0, "the burn-in to pass")
