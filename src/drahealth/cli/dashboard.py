@@ -46,6 +46,12 @@ __all__ = ["dashboard_command"]
     show_default=True,
     help="Namespace of the node agents' device-health ConfigMaps (the agent's --namespace).",
 )
+@click.option(
+    "--controller-namespace",
+    default="default",
+    show_default=True,
+    help="Namespace of the remediation controller (its history and state ConfigMaps).",
+)
 def dashboard_command(
     kubeconfig: str | None,
     host: str,
@@ -53,6 +59,7 @@ def dashboard_command(
     token_file: str | None,
     agent_namespace: str,
     allowed_hosts: tuple[str, ...],
+    controller_namespace: str,
 ) -> None:
     """Serve the node x device health grid, live, until SIGTERM/SIGINT."""
     try:
@@ -76,7 +83,12 @@ def dashboard_command(
         )
     with api_failures(kubeconfig):
         load_checked(kubeconfig)
-        asyncio.run(_run(kubeconfig, host, port, token, agent_namespace, allowed_hosts))
+        asyncio.run(
+            _run(
+                kubeconfig, host, port, token, agent_namespace, allowed_hosts,
+                controller_namespace,
+            )
+        )  # fmt: skip
 
 
 async def _run(
@@ -86,6 +98,7 @@ async def _run(
     token: str | None,
     agent_namespace: str,
     allowed_hosts: tuple[str, ...] = (),
+    controller_namespace: str = "default",
 ) -> None:
     from drahealth.kube import DiscoveryError, discover, make_client
     from drahealth.web import Dashboard
@@ -103,6 +116,7 @@ async def _run(
             client,
             token=token,
             agent_namespace=agent_namespace,
+            history_namespace=controller_namespace,
             allowed_hosts=allowed_hosts,
             served=served,
         )
