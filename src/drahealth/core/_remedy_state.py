@@ -5,7 +5,8 @@ status``, ``drahealth history`` and the dashboard share. The controller writes o
 value per key, each key owned by one guard rail:
 
 * ``breaker``: ``{"tripped": [{scope, group, limit, max, count, window, since, resume}],
-  "held": [{device, rule, effect, since, reason}], "admitted": [...]}`` (``admitted`` is
+  "held": [{device, rule, effect, since, reason}], "heldCount": N, "admitted": [...]}``
+  (``heldCount`` counts the held taints where ``held`` lists only some; ``admitted`` is
   the breaker's own bookkeeping and is not read here);
 * ``needsHuman``: ``{DEVICE: {since, why, rule, node}}``;
 * ``holds``: ``{DEVICE: {until, by, reason}}`` (an operator's ``untaint --hold``);
@@ -153,7 +154,12 @@ _ACTIONS: Final[dict[str, str]] = {
     "over-broad": "over-broad rule",
     "node": "node-level action",
     "hold": "operator hold",
-    "unhold": "operator hold ended",
+    "opt-out": "automatic action turned off (node label)",
+    "opt-in": "automatic action turned on again",
+    "frozen": "left alone (opted out or excluded)",
+    "foreign-rule": "foreign rule reported",
+    "rule-deleted": "its rule deleted by someone else",
+    "node-rollup": "node condition",
     "breaker": "circuit breaker",
     "resume": "resumed by an operator",
     "needs-human": "needs a human",
@@ -513,6 +519,9 @@ def _breaker(
             notes.add(f"{BREAKER_KEY}.{part}: expected a list, got {_type(items)}: skipped")
             continue
         totals["breakerHeld" if part == "held" else "breakerTripped"] = len(items)
+        counted = _int(value.get("heldCount"))  # the breaker lists some, counts all
+        if part == "held" and counted is not None and counted > len(items):
+            totals["breakerHeld"] = counted
         bad = 0
         for item in items[: MAX_ENTRIES * 2]:
             if not isinstance(item, Mapping):

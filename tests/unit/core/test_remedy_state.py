@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from drahealth.core import (
     REMEDIATION_MARKERS,
     RemediationState,
+    history_label,
     mentions_device,
     parse_rfc3339,
     parse_state,
@@ -251,3 +252,20 @@ def test_summary_is_small_whatever_the_number_of_devices() -> None:
     assert summary["counts"]["needsHuman"] == 3000
     assert summary["tripped"][0]["limit"] == "10%"
     assert len(json.dumps(summary)) < 2000
+
+
+def test_held_count_counts_what_the_breaker_did_not_list() -> None:
+    held = [{"device": D1}] * 3
+    state = parse_state({"breaker": {"tripped": [], "held": held, "heldCount": 450}})
+    assert len(state.held) == 3 and state.total("breakerHeld") == 450
+    assert state.summary()["held"] == 450
+    bad = parse_state({"breaker": {"held": held, "heldCount": "many"}})
+    assert bad.total("breakerHeld") == 3
+
+
+def test_history_labels_of_the_controllers_actions() -> None:
+    assert history_label("hold-ended") == "operator hold (ended)"
+    assert history_label("repair-succeeded") == "repair (succeeded)"
+    assert history_label("opt-out") == "automatic action turned off (node label)"
+    assert history_label("node-rollup") == "node condition"
+    assert history_label("node") == "node-level action"
