@@ -151,10 +151,11 @@ def test_remediation_mode_flag_and_node_access(mode: str, nodes: bool) -> None:
     assert f"--remediation-mode={mode}" in c["args"]
     grants = _grants(one(manifests, "ClusterRole", "-controller")["rules"])
     node_grants = {g for g in grants if g[1] == "nodes"}
+    watch = {("", "nodes", v) for v in ("list", "watch")}  # the opt-out label, every mode
     if nodes:
-        assert node_grants == {("", "nodes", v) for v in ("get", "list", "update")}
+        assert node_grants == watch | {("", "nodes", v) for v in ("get", "update")}
     else:
-        assert not node_grants
+        assert node_grants == watch
     validate(manifests)
 
 
