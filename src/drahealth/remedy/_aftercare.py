@@ -206,7 +206,9 @@ class AftercareGuard:
             self.c._spawn(self.c._event(self._ref(n.key), "Warning", "DeviceNeedsHuman", n.message))
             self.c._wake.set()  # the rule's annotation
             return
-        self.c._record(n.kind, str(n.key), n.message)
+        # an attempt's own end is repair-failed; all attempts spent is repair-exhausted
+        action = "repair-exhausted" if n.kind == "repair-failed" else n.kind
+        self.c._record(action, str(n.key), n.message)
         if n.kind == "repair-failed":
             self.c._spawn(
                 self.c._event(self._ref(n.key), "Warning", "DeviceRepairFailed", n.message)
