@@ -2,7 +2,7 @@
 
 ``drahealth policy check FILE`` loads the file with the controller's own loader, so the
 errors are exactly the controller's (one line naming the file, the field and what is
-wrong; exit 1). With ``--device DRIVER/POOL/DEVICE`` (and ``--health``, ``--message``,
+wrong; exit 1); a valid file's summary names its limits, profiles and burn-in gate. With ``--device DRIVER/POOL/DEVICE`` (and ``--health``, ``--message``,
 ``--attribute NAME=VALUE``) it prints which rule matches and what the controller would
 do: the taint, its grace period and escalation, recovery, the fallback mode where no
 DeviceTaintRule API is served, and whether pods would be evicted. ``-o json`` for
@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from drahealth._text import printable
-from drahealth.core import DeviceFacts, Health, PolicyError, explain
+from drahealth.core import DeviceFacts, Health, Limits, Policy, PolicyError, explain
 
 __all__ = ["policy_group"]
 
@@ -123,6 +123,24 @@ def _breaker_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _limits(limits: Limits) -> str:
+    caps = ", ".join(f"{scope} {limit.text}" for scope, limit in limits.by_scope())
+    return f"{caps or 'none'} new taints within {limits.window:g} s (resume {limits.resume})"
+
+
+def _summary(policy: Policy) -> list[str]:
+    """The policy-wide guard rails: its limits and each profile."""
+    lines = [] if policy.limits is None else [f"  limits       {_limits(policy.limits)}"]
+    for p in policy.profiles:
+        parts = [
+            "the policy's rules" if p.rules is None else f"{len(p.rules)} rule(s) of its own",
+            *([] if p.limits is None else [f"limits {_limits(p.limits)}"]),
+            *(["observe-only"] if p.observe_only else []),
+        ]
+        lines.append(f"  profile      {p.name}: {'; '.join(parts)}")
+    return lines
+
+
 @click.group("policy")
 def policy_group() -> None:
     """Work with remediation policy files."""
@@ -170,6 +188,8 @@ def check_command(
             click.echo(json.dumps({"valid": True, "rules": [r.name for r in policy.rules]}))
         else:
             click.echo(f"{file}: valid, {len(policy.rules)} rule(s)")
+            for line in _summary(policy):
+                click.echo(printable(line))
             if policy.burn_in is not None:
                 b = policy.burn_in
                 click.echo(

@@ -59,3 +59,31 @@ def test_a_degraded_device_is_shown_not_tainted(tmp_path: Path) -> None:
     assert "degraded by rule ecc" in out and "no taint, nothing evicted" in out
     _, out = _check(tmp_path, "--device", "d/p/gpu-0", "--message", "XID 79")
     assert out.startswith('d/p/gpu-0 Unhealthy "XID 79": rule bad\n  taint ')
+
+
+def test_the_summary_names_limits_and_profiles(tmp_path: Path) -> None:
+    text = """apiVersion: drahealth.io/v1
+kind: RemediationPolicy
+limits: {cluster: 10%, perPool: 4, window: 10m, resume: auto}
+profiles:
+  - name: canary
+    match: {pool: node-1}
+    observeOnly: true
+  - name: h100
+    match: {attributes: {model: h100}}
+    limits: {perNode: 2}
+    rules:
+      - name: h100-any
+rules:
+  - name: bad
+"""
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    result = CliRunner().invoke(policy_group, ["check", str(path)])
+    assert result.exit_code == 0
+    assert result.stdout.splitlines()[1:] == [
+        "  limits       cluster 10%, pool 4 new taints within 600 s (resume auto)",
+        "  profile      canary: the policy's rules; observe-only",
+        "  profile      h100: 1 rule(s) of its own; limits node 2 new taints within 600 s "
+        "(resume manual)",
+    ]
