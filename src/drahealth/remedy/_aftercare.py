@@ -234,6 +234,8 @@ class AftercareGuard:
     def _done(self, run: RepairRun, ok: bool, detail: str, job: str) -> None:
         now = self.c._clock()
         phase = self.care.finished(run.key, run, ok, detail, now)
+        if phase == "succeeded":  # the burn-in gate, where the policy has one for repairs
+            self.c.engine.burn_in(run.key, BURN_IN_REPAIRED, now)
         if phase == "succeeded":  # burnIn.appliesTo lists repaired: the burn-in gate starts
             self.c.engine.burn_in(run.key, BURN_IN_REPAIRED, now)
         result = "succeeded" if ok else "failed"
