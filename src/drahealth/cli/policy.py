@@ -2,10 +2,12 @@
 
 ``drahealth policy check FILE`` loads the file with the controller's own loader, so the
 errors are exactly the controller's (one line naming the file, the field and what is
-wrong; exit 1); a valid file's summary names its limits, profiles and burn-in gate. With ``--device DRIVER/POOL/DEVICE`` (and ``--health``, ``--message``,
+wrong; exit 1); a valid file's summary names its limits, profiles and burn-in gate.
+With ``--device DRIVER/POOL/DEVICE`` (and ``--health``, ``--message``,
 ``--attribute NAME=VALUE``) it prints which rule matches and what the controller would
 do: the taint, its grace period and escalation, recovery, the fallback mode where no
-DeviceTaintRule API is served, and whether pods would be evicted. ``-o json`` for
+DeviceTaintRule API is served, whether pods would be evicted, or that an ``ignore`` or
+``degraded`` rule takes the device. ``-o json`` for
 scripts. The decision is the core's (:func:`drahealth.core.explain`), the one the
 controller's engine makes.
 """
