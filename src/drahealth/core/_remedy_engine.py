@@ -15,7 +15,12 @@ Per device (first matching rule wins, see :meth:`Policy.rule_for`):
 * **recovery**: a tainted device is untainted once it has been Healthy without a break
   for ``recovery.healthy_for`` seconds and, if a validation hook is configured, the
   hook passed after that (a failed hook restarts the window);
-* ``Policy.dry_run`` turns every wanted effect into ``None`` (informational).
+* ``Policy.dry_run`` turns every wanted effect into ``None`` (informational);
+* **outcomes**: a rule with ``action.outcome`` ``ignore`` ends the search and nothing is
+  wanted; ``degraded`` puts the device in :attr:`RemedyEngine.degraded` (shown, never
+  tainted). Neither counts as a health change for hysteresis;
+* **burn-in**: :meth:`RemedyEngine.burn_in` gates a new or repaired device behind the
+  ``drahealth.io/burn-in`` taint until its validation passes (``drahealth.core._burnin``).
 
 Restart safety: :meth:`seed` resumes a device from the controller's own rule found in
 the API, so a restart neither drops a taint nor restarts its escalation clock.
