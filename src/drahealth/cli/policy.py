@@ -76,6 +76,20 @@ def _human(result: dict[str, Any]) -> list[str]:
         f"  untaint      after {recovery['healthyForSeconds']:g} s Healthy"
         + (" and a passing validation" if recovery["validate"] else "")
     )
+    repair = result.get("repair")
+    if repair:
+        lines.append(
+            f"  repair       {repair['kind']} once drained, {repair['attempts']} attempt(s), "
+            f"backoff {repair['backoffSeconds']:g} s doubling, {repair['timeoutSeconds']:g} s each"
+        )
+    needs = result.get("needsHuman")
+    if needs and (needs["episodes"] or (repair and needs["failedRepairs"])):
+        limits = [f"{needs['episodes']} episodes"] if needs["episodes"] else []
+        if repair and needs["failedRepairs"]:
+            limits.append(f"{needs['failedRepairs']} failed repairs")
+        lines.append(
+            f"  needs human  after {' or '.join(limits)} within {needs['windowSeconds']:g} s"
+        )
     if result["hysteresis"] is not None:
         h = result["hysteresis"]
         lines.append(
