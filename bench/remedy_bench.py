@@ -44,6 +44,21 @@ rules:
     match: {driver: gpu.example.com}
     action: {effect: NoSchedule}
 """
+#: The same rules with the circuit breaker's limits and profiles (none of them trips: the
+#: faults are far below every limit), to measure what counting and profile lookup cost.
+POLICY_GUARDED = (
+    POLICY
+    + """limits: {window: 10m, resume: manual, cluster: "50%", perDriver: "50%", perPool: 8,
+         perNode: 8}
+profiles:
+  - name: canary
+    match: {driver: gpu.example.com, pool: no-such-pool}
+    observeOnly: true
+  - name: low-gpus
+    match: {driver: gpu.example.com, device: "gpu-[0-3]"}
+    limits: {cluster: "50%", perNode: 4}
+"""
+)
 #: Seconds the controller may take to lead, and for its first pass (the warm-up fault).
 START_TIMEOUT = 60.0
 FIRST_PASS_TIMEOUT = 120.0
@@ -189,12 +204,13 @@ async def run(
     churn_s: float = 20.0,
     seed_http: bool = False,
     lease_duration: float = 2.0,
+    policy: str = POLICY,
 ) -> dict[str, float]:
     base = tempfile.mkdtemp(prefix="dhr-", dir="/tmp")
     server = APIServer()
     await server.start(port=0)
     kubeconfig = str(server.write_kubeconfig(f"{base}/kubeconfig"))
-    write(f"{base}/policy.yaml", POLICY)
+    write(f"{base}/policy.yaml", policy)
     client = make_client(server_url=server.url)
     proc = None
     out: Output | None = None
@@ -299,6 +315,11 @@ if __name__ == "__main__":
         help="the controller's --lease-duration (2; the command's default is 15)",
     )
     parser.add_argument(
+        "--guarded",
+        action="store_true",
+        help="a policy with circuit-breaker limits and profiles (none trips)",
+    )
+    parser.add_argument(
         "--seed-http",
         action="store_true",
         help="seed through the API (4 requests a pod) instead of in-process",
@@ -309,4 +330,5 @@ if __name__ == "__main__":
     if pods > nodes * 8:
         parser.error(f"--pods {pods} needs at least {(pods + 7) // 8} nodes of 8 devices")
     print(asyncio.run(run(nodes, pods, args.faults, args.churn, args.churn_seconds,
-                          args.seed_http, args.lease_duration)))  # fmt: skip
+                          args.seed_http, args.lease_duration,
+                          POLICY_GUARDED if args.guarded else POLICY)))  # fmt: skip

@@ -37,7 +37,7 @@ controller's taint.
 from __future__ import annotations
 
 import datetime as dt
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal
@@ -149,10 +149,11 @@ class BreakerEvent:
         )
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Admission:
     at: float
     groups: tuple[BreakerGroup, ...] = field(default_factory=tuple)
+    live: set[BreakerGroup] = field(default_factory=set)  # groups whose window holds it
 
 
 class CircuitBreaker:
@@ -173,11 +174,21 @@ class CircuitBreaker:
         self._admitted: dict[DeviceKey, _Admission] = {}
         self._passed: set[DeviceKey] = set()  # carrying the controller's taint
         self._prune_at = float("inf")  # when the oldest admission leaves every window
+        self._live: Counter[BreakerGroup] = Counter()  # admissions within each window
+        self._queues: dict[str, deque[tuple[float, _Admission]]] = {
+            o: deque() for o in self._limits
+        }
         self.tripped: dict[BreakerGroup, BreakerTrip] = {}
         self.held: dict[DeviceKey, HeldTaint] = {}
         self.last_resume: dict[str, str] | None = None
-        #: counts changes of what :meth:`state` answers
+        #: counts changes of what :meth:`state` answers; ``urgent`` only those an operator
+        #: must see at once (trips, resumes, held devices), not the window's bookkeeping
         self.version = 0
+        self.urgent = 0
+
+    def _bump(self) -> None:
+        self.version += 1
+        self.urgent += 1
 
     # -- groups ----------------------------------------------------------------------
 
@@ -275,7 +286,7 @@ class CircuitBreaker:
         if not at or (self.last_resume or {}).get("at") == at:
             return []
         self.last_resume = {"at": at, "by": by}
-        self.version += 1
+        self._bump()
         events = [
             self._event("resumed", trip, len(self.held), by, trip.count)
             for _, trip in sorted(self.tripped.items())
@@ -312,7 +323,7 @@ class CircuitBreaker:
         self._passed = passed  # a device whose taint went (or will go) is new again
         for key in [k for k in self.held if k not in candidates]:
             del self.held[key]  # it recovered: nothing to hold
-            self.version += 1
+            self._bump()
         if not candidates and not self.tripped:
             self._prune(now)
             return dict(wants), []
@@ -326,7 +337,7 @@ class CircuitBreaker:
         for group, trip in sorted(self.tripped.items()):
             if trip.resume == "auto" and held_in[group] + counts[group] <= self.max_for(group):
                 del self.tripped[group]
-                self.version += 1
+                self._bump()
                 events.append(self._event("resumed", trip, held_in[group], "auto", counts[group]))
         out = dict(wants)
         tripped_now: list[BreakerGroup] = []
@@ -345,17 +356,15 @@ class CircuitBreaker:
                 del out[key]
                 continue
             if self.held.pop(key, None) is not None:
-                self.version += 1
-            self._admit(key, now, gs)
-            for g in gs:
-                counts[g] += 1
+                self._bump()
+            self._admit(key, now, gs)  # counts (the live counter) goes up with it
         for group, trip in self.tripped.items():
             mx, count = self.max_for(group), counts[group]
             if (trip.max, trip.count) != (mx, count):
                 trip.max, trip.count = mx, count
                 self.version += 1
         if tripped_now:
-            self.version += 1
+            self._bump()
             held_per: Counter[BreakerGroup] = Counter(
                 g for h in self.held.values() for g in h.groups
             )
@@ -374,7 +383,7 @@ class CircuitBreaker:
             return
         since = now if old is None else old.since
         self.held[key] = HeldTaint(want.rule, want.effect, want.reason, since, groups)
-        self.version += 1
+        self._bump()
 
     def _event(
         self, kind: Literal["tripped", "resumed"], trip: BreakerTrip, held: int, by: str, count: int
@@ -394,12 +403,18 @@ class CircuitBreaker:
         return self._limits[group.profile].window
 
     def _counts(self, now: float) -> Counter[BreakerGroup]:
-        counts: Counter[BreakerGroup] = Counter()
-        for a in self._admitted.values():
-            for g in a.groups:
-                if now - a.at < self._window(g):
-                    counts[g] += 1
-        return counts
+        """Admissions within each group's window (kept up to date, not recounted: a
+        pass costs O(admissions that left a window since the last one))."""
+        for owner, queue in self._queues.items():
+            window = self._limits[owner].window
+            while queue and now - queue[0][0] >= window:
+                _, a = queue.popleft()
+                for g in [g for g in a.live if g.profile == owner]:
+                    a.live.discard(g)
+                    self._live[g] -= 1
+                    if self._live[g] <= 0:
+                        del self._live[g]
+        return self._live
 
     def _prune(self, now: float) -> None:
         """Forget admissions older than every window (only when one fell due)."""
@@ -414,7 +429,18 @@ class CircuitBreaker:
         self._prune_at = float("inf") if oldest is None else oldest + self._horizon
 
     def _admit(self, key: DeviceKey, at: float, groups: tuple[BreakerGroup, ...]) -> None:
-        self._admitted[key] = _Admission(at, groups)
+        old = self._admitted.get(key)
+        if old is not None:  # a device counts once: its earlier admission no longer does
+            for g in old.live:
+                self._live[g] -= 1
+                if self._live[g] <= 0:
+                    del self._live[g]
+            old.live.clear()
+        a = self._admitted[key] = _Admission(at, groups, set(groups))
+        for g in groups:
+            self._live[g] += 1
+        for owner in {g.profile for g in groups}:
+            self._queues[owner].append((at, a))
         self._passed.add(key)
         self._prune_at = min(self._prune_at, at + self._horizon)
         self.version += 1
@@ -486,7 +512,9 @@ class CircuitBreaker:
                 self._restored_groups(key),
             )
         admitted = value.get("admitted")
-        for item in admitted if isinstance(admitted, list) else []:
+        rows = [i for i in admitted if isinstance(i, list)] if isinstance(admitted, list) else []
+        rows.sort(key=lambda i: i[1] if len(i) == 2 and isinstance(i[1], int | float) else 0)
+        for item in rows:
             if not (isinstance(item, list) and len(item) == 2):
                 continue
             text, at = item
@@ -496,12 +524,11 @@ class CircuitBreaker:
                 key = DeviceKey.parse(str(text))
             except ValueError:
                 continue
-            self._admitted[key] = _Admission(float(at), self._restored_groups(key))
-            self._prune_at = min(self._prune_at, float(at) + self._horizon)
+            self._admit(key, float(at), self._restored_groups(key))
         last = value.get("lastResume")
         if isinstance(last, Mapping) and isinstance(last.get("at"), str):
             self.last_resume = {"at": last["at"], "by": str(last.get("by", ""))}
-        self.version += 1
+        self._bump()
 
     def _restored_groups(self, key: DeviceKey) -> tuple[BreakerGroup, ...]:
         known = self._groups.get(key)

@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 #: The state ConfigMap's key and the control ConfigMap's key this module owns.
 STATE_KEY: Final = "breaker"
 RESUME_KEY: Final = "resume"
+#: Seconds the window's bookkeeping may wait to be written (a restart within them may
+#: count a few recent taints less); trips, resumes and held devices never wait.
+STATE_LAG: Final = 10.0
 
 Record = Callable[[str, str, str], None]  # (action, subject, message)
 Notify = Callable[[str, str, str, str], None]  # (node or '', type, reason, message)
@@ -51,6 +54,8 @@ class BreakerGuard:
         self._notify = notify
         self._started = False
         self._written = -1  # the breaker version last put in the state
+        self._urgent = -1
+        self._written_at = float("-inf")
 
     @property
     def enabled(self) -> bool:
@@ -95,8 +100,13 @@ class BreakerGuard:
         out, more = b.admit(wants, writes, facts, now)
         for event in [*events, *more]:
             self._report(event)
-        if b.version != self._written:
-            self._written = b.version
+        # trips, resumes and held devices are written at once; the window's bookkeeping
+        # alone (a new taint under every limit) at most every STATE_LAG seconds, so a
+        # pass that taints costs no extra API write
+        if b.urgent != self._urgent or (
+            b.version != self._written and now - self._written_at >= STATE_LAG
+        ):
+            self._written, self._urgent, self._written_at = b.version, b.urgent, now
             state.set(STATE_KEY, b.state())
             self._gauges()
         return out
