@@ -203,6 +203,18 @@ class HoldBook:
         self._deleted: dict[DeviceKey, Hold] = {}
         self._said: dict[DeviceKey, Hold] = {}  # the active holds last reported
         self._control_value: Any = None
+        # a pass costs O(1) while nothing changed: _said is exact until an input changes
+        # (_dirty) or the first active hold ends (_due)
+        self._dirty = False
+        self._due: float | None = None
+        self._state: dict[str, dict[str, str]] | None = None
+
+    def __bool__(self) -> bool:
+        """Whether any hold, active or not, is known."""
+        return bool(self._control or self._deleted)
+
+    def _fresh(self, now: float) -> bool:
+        return not self._dirty and (self._due is None or now < self._due)
 
     def apply_control(self, value: Any, now: float) -> list[str]:
         """The control key ``holds`` as it is now; returns warnings for bad entries."""
@@ -221,6 +233,7 @@ class HoldBook:
             else:
                 control[key] = Hold(until, by, reason, now)
         self._control = control
+        self._dirty = True
         return warnings
 
     def restore(self, state: Any, control: Any, now: float) -> list[str]:
@@ -258,6 +271,7 @@ class HoldBook:
         self._said = {
             k: h for k in self._deleted.keys() | self._control.keys() if (h := self.active(k, now))
         }
+        self._dirty = True
         return warnings
 
     def rule_deleted(self, key: DeviceKey, rule: str, now: float) -> Hold | None:
@@ -278,6 +292,7 @@ class HoldBook:
             SOURCE_DELETED,
         )
         self._deleted[key] = hold
+        self._dirty = True
         if len(self._deleted) > MAX_HOLDS:
             oldest = min(self._deleted, key=lambda k: self._deleted[k].until)
             del self._deleted[oldest]
@@ -297,6 +312,8 @@ class HoldBook:
 
     def changes(self, now: float) -> tuple[list[tuple[DeviceKey, Hold]], ...]:
         """(holds that began, holds that ended) since the last call."""
+        if self._fresh(now):
+            return [], []
         for key in [k for k, h in self._deleted.items() if h.until <= now]:
             del self._deleted[key]
         began: list[tuple[DeviceKey, Hold]] = []
@@ -311,19 +328,27 @@ class HoldBook:
             if hold is not None:
                 began.append((key, hold))
                 self._said[key] = hold
+        self._dirty, self._state = False, None
+        self._due = min((h.until for h in self._said.values()), default=None)
         return began, ended
 
     def state(self, now: float) -> dict[str, dict[str, str]]:
         """The state key ``holds``: every active hold, by device."""
+        if self._state is not None and self._fresh(now):
+            return self._state
         out = {}
         for key in sorted(self._control.keys() | self._deleted.keys()):
             hold = self.active(key, now)
             if hold is not None:
                 out[str(key)] = hold.as_json()
+        if self._fresh(now):
+            self._state = out
         return out
 
     def next_end(self, now: float) -> float | None:
         """When the next active hold ends (unix seconds), or None."""
+        if self._fresh(now):
+            return self._due
         ends = [
             h.until
             for k in self._control.keys() | self._deleted.keys()
@@ -365,6 +390,8 @@ def filter_wants(
     held: dict[DeviceKey, Hold] = {}
     frozen: dict[DeviceKey, str] = {}
     check = bool(opted_out) or bool(exclude)
+    if not check and not holds:
+        return Verdict(dict(wants), held, frozen)  # the usual pass: nothing to filter
     for key, want in wants.items():
         why = frozen_reason(facts(key), opted_out, exclude) if check else None
         if why is not None:
