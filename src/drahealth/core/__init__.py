@@ -5,6 +5,7 @@ passed in. It imports no other drahealth package and no I/O library (no grpc,
 asyncio, aiohttp, lightkube or httpx).
 """
 
+from drahealth.core._aftercare import Aftercare, Notice, RepairRun, repair_env
 from drahealth.core._breaker import (
     BREAKER_SCOPES,
     BreakerEvent,
@@ -178,17 +179,13 @@ from drahealth.core._remedy_state import (
     parse_state_data,
 )
 from drahealth.core._repair import (
-    Aftercare,
     JobPlacement,
-    Notice,
     Repair,
     RepairError,
     RepairJob,
-    RepairRun,
     RepairWebhook,
     job_manifest,
     normalize_job_template,
-    repair_env,
 )
 from drahealth.core._rollup import (
     DEFAULT_NODE_TAINT_KEY,

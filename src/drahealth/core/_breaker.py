@@ -40,14 +40,11 @@ import datetime as dt
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal
 
 from drahealth.core._health import DeviceKey
 from drahealth.core._limits import Limit, Limits
-from drahealth.core._policy import DeviceFacts, Policy
-
-if TYPE_CHECKING:
-    from drahealth.core._remedy_engine import Want
+from drahealth.core._policy import DeviceFacts, Policy, Want
 
 __all__ = [
     "BREAKER_SCOPES",

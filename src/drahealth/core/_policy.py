@@ -51,6 +51,7 @@ __all__ = [
     "Rule",
     "Step",
     "Validate",
+    "Want",
     "match_text",
 ]
 
@@ -176,6 +177,17 @@ class Match:
 def _same(value: AttributeValue | None, wanted: AttributeValue) -> bool:
     """Equal and of the same type (``True`` is not ``1``)."""
     return type(value) is type(wanted) and value == wanted
+
+
+@dataclass(frozen=True, slots=True)
+class Want:
+    """The controller taint a device should carry now (what the engine asks for)."""
+
+    effect: str
+    key: str
+    value: str
+    rule: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,9 +9,9 @@ profiles from it, and the components map what a real server's discovery says ont
 
 Sources (upstream, checked 2026-11): the versioned feature-gate table of
 kubernetes/kubernetes (``pkg/features``) for ``DRADeviceTaints``,
-``DRADeviceTaintRules``, ``ResourceHealthStatus``, ``DRAResourceClaimDeviceStatus``; the ``resource.k8s.io`` API types for
-which version carries ``DeviceTaintRule``; KEP-4680 and KEP-5055. See
-docs/operations.md, "Kubernetes versions".
+``DRADeviceTaintRules``, ``ResourceHealthStatus``, ``DRAResourceClaimDeviceStatus``; the
+``resource.k8s.io`` API types for which version carries ``DeviceTaintRule``; KEP-4680
+and KEP-5055. See docs/operations.md, "Kubernetes versions".
 """
 
 from __future__ import annotations

@@ -32,27 +32,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from drahealth.core._aftercare import Aftercare, explain_aftercare
 from drahealth.core._breaker import explain_limits
 from drahealth.core._burnin import BURN_IN_RULE, BURN_IN_TAINT_KEY, BurnInTracker, burn_in_why
 from drahealth.core._health import DeviceKey, Health
-from drahealth.core._policy import EFFECT_ORDER, DeviceFacts, Policy, Rule
-from drahealth.core._repair import Aftercare, explain_aftercare
+from drahealth.core._policy import EFFECT_ORDER, DeviceFacts, Policy, Rule, Want
 from drahealth.core._rollup import explain_rollup
 
 __all__ = ["Degraded", "RemedyEngine", "Want", "explain"]
 
 Validation = Literal["none", "pending", "passed"]
-
-
-@dataclass(frozen=True, slots=True)
-class Want:
-    """The controller taint a device should carry now."""
-
-    effect: str
-    key: str
-    value: str
-    rule: str
-    reason: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -824,10 +824,15 @@ class RemediationController:
                         self.metrics.reaction.observe(max(0.0, now - seen))
             else:
                 ct = current.spec.taint if current.spec else None
-                if ct is None or self.aftercare.stale(current, body) or (
-                    ct.effect,
-                    ct.value or "",
-                ) != (taint["effect"], taint.get("value", "")):
+                if (
+                    ct is None
+                    or self.aftercare.stale(current, body)
+                    or (
+                        ct.effect,
+                        ct.value or "",
+                    )
+                    != (taint["effect"], taint.get("value", ""))
+                ):
                     updated = as_dict(current)
                     updated["spec"]["taint"] = {**(updated["spec"].get("taint") or {}), **taint}
                     updated["spec"]["taint"].pop("timeAdded", None)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from drahealth.core import DeviceKey, Health
+from drahealth.core._aftercare import RepairRun, repair_env
 from drahealth.core._escalation import Escalation, EscalationTracker, duration_text
 from drahealth.core._policy import Action, DeviceFacts, Match, Policy, Recovery, Rule
 from drahealth.core._remedy_engine import RemedyEngine, Want
@@ -21,10 +22,8 @@ from drahealth.core._repair import (
     Repair,
     RepairError,
     RepairJob,
-    RepairRun,
     job_manifest,
     normalize_job_template,
-    repair_env,
 )
 
 H, U = Health.HEALTHY, Health.UNHEALTHY
