@@ -30,12 +30,24 @@ import hashlib
 import json
 import re
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections import ChainMap
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+Scope = MutableMapping[str, Any]
+
+
+def _child(scope: Scope) -> Scope:
+    """A block's variables: its own, then those of the blocks around it."""
+    return ChainMap({}, *_maps(scope))
+
+
+def _maps(scope: Scope) -> list[MutableMapping[str, Any]]:
+    return list(scope.maps) if isinstance(scope, ChainMap) else [scope]
 
 
 class TemplateError(Exception):
@@ -453,13 +465,13 @@ class _Renderer:
         self.root = root
         self.depth = 0
 
-    def render(self, nodes: list[Node], dot: Any, scope: dict[str, Any]) -> str:
+    def render(self, nodes: list[Node], dot: Any, scope: Scope) -> str:
         out: list[str] = []
         for n in nodes:
             out.append(self._node(n, dot, scope))
         return "".join(out)
 
-    def _node(self, n: Node, dot: Any, scope: dict[str, Any]) -> str:
+    def _node(self, n: Node, dot: Any, scope: Scope) -> str:
         if n.kind == "text":
             return n.text
         if n.kind == "define":
@@ -470,14 +482,14 @@ class _Renderer:
             return "" if n.pipe.decl else to_text(value)
         if n.kind in ("if", "with"):
             for cond, body in n.branches:
-                inner = dict(scope)
+                inner = _child(scope)
                 value = self.pipeline(cond, dot, inner)
                 if truth(value):
                     return self.render(body, value if n.kind == "with" else dot, inner)
-            return self.render(n.orelse, dot, dict(scope))
+            return self.render(n.orelse, dot, _child(scope))
         if n.kind == "range":
             assert n.pipe is not None
-            inner = dict(scope)
+            inner = _child(scope)
             pipe = Pipeline([], False, n.pipe.cmds, n.pipe.where)
             coll = self.pipeline(pipe, dot, inner)
             if isinstance(coll, dict):
@@ -491,10 +503,10 @@ class _Renderer:
             else:
                 raise TemplateError(f"{n.where}: range over {type(coll).__name__}")
             if not pairs:
-                return self.render(n.orelse, dot, dict(scope))
+                return self.render(n.orelse, dot, _child(scope))
             out = []
             for k, v in pairs:
-                body_scope = dict(inner)
+                body_scope = _child(inner)
                 if len(n.pipe.decl) == 1:
                     body_scope[n.pipe.decl[0]] = v
                 elif len(n.pipe.decl) == 2:
@@ -502,7 +514,7 @@ class _Renderer:
                 out.append(self.render(n.body, v, body_scope))
             return "".join(out)
         if n.kind == "template":
-            arg = self.pipeline(n.pipe, dot, dict(scope)) if n.pipe else None
+            arg = self.pipeline(n.pipe, dot, _child(scope)) if n.pipe else None
             return self.include(n.name, arg, n.where)
         raise TemplateError(f"{n.where}: unknown node {n.kind}")
 
@@ -518,18 +530,24 @@ class _Renderer:
         finally:
             self.depth -= 1
 
-    def pipeline(self, p: Pipeline, dot: Any, scope: dict[str, Any]) -> Any:
+    def pipeline(self, p: Pipeline, dot: Any, scope: Scope) -> Any:
         value: Any = None
         for i, cmd in enumerate(p.cmds):
             value = self.command(cmd, dot, scope, p.where, piped=(value,) if i else ())
         for name in p.decl:
-            if p.assign and name not in scope:
+            if not p.assign:
+                scope[name] = value  # ':=' declares in the innermost block
+                continue
+            # '=' sets the variable where it was declared, as Go's text/template does:
+            # an assignment inside if/range/with is seen after the block ends
+            home = next((m for m in _maps(scope) if name in m), None)
+            if home is None:
                 raise TemplateError(f"{p.where}: undefined variable {name}")
-            scope[name] = value
+            home[name] = value
         return value
 
     def command(
-        self, cmd: list[Any], dot: Any, scope: dict[str, Any], where: str, piped: tuple[Any, ...]
+        self, cmd: list[Any], dot: Any, scope: Scope, where: str, piped: tuple[Any, ...]
     ) -> Any:
         head = cmd[0]
         if head[0] == "func":
@@ -558,7 +576,7 @@ class _Renderer:
             raise TemplateError(f"{where}: {head!r} is not a function; cannot take arguments")
         return self.term(head, dot, scope, where)
 
-    def term(self, t: Any, dot: Any, scope: dict[str, Any], where: str) -> Any:
+    def term(self, t: Any, dot: Any, scope: Scope, where: str) -> Any:
         kind = t[0]
         if kind == "lit":
             return t[1]
@@ -569,7 +587,7 @@ class _Renderer:
                 raise TemplateError(f"{where}: undefined variable {t[1]}")
             return self.walk(scope[t[1]], t[2], where)
         if kind == "sub":
-            return self.walk(self.pipeline(t[1], dot, dict(scope)), t[2], where)
+            return self.walk(self.pipeline(t[1], dot, _child(scope)), t[2], where)
         if kind == "func":
             return self.command([t], dot, scope, where, ())
         raise TemplateError(f"{where}: bad term {t!r}")

@@ -445,3 +445,49 @@ def test_nvidia_policy_classifies_as_documented(
     assert (rule.name, rule.action.effect, rule.action.grace) == want
     if rule.name == "nvidia-other-xid":
         assert rule.action.effect_at(600) == "NoExecute"
+
+
+def _policy_with(**extra: Any) -> dict[str, Any]:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    policy = copy.deepcopy(values["controller"]["policy"])
+    policy.update(extra)
+    return {"controller": {"policy": policy, "remediationMode": "taint-rules"}}
+
+
+def test_node_rollup_grants_follow_the_policy() -> None:
+    """The DRADevicesHealthy condition needs a patch of nodes/status (on by default);
+    the rollup's node taint needs Node updates even where the mode writes no Node."""
+    default = _grants(one(docs(_policy_with()), "ClusterRole", "-controller")["rules"])
+    assert ("", "nodes/status", "patch") in default
+    assert ("", "nodes", "update") not in default
+    off = _grants(
+        one(docs(_policy_with(nodeRollup={"enabled": False})), "ClusterRole", "-controller")[
+            "rules"
+        ]
+    )
+    assert not any(r == "nodes/status" for _, r, _ in off)
+    taint = docs(_policy_with(nodeRollup={"taintNode": {"threshold": "50%"}}))
+    grants = _grants(one(taint, "ClusterRole", "-controller")["rules"])
+    assert {("", "nodes", "get"), ("", "nodes", "update")} <= grants
+    validate(taint)
+
+
+def test_repair_jobs_are_granted_only_when_a_rule_has_one() -> None:
+    """Creating Jobs is powerful (a Job's pod may be privileged): granted in the release
+    namespace only when a rule (top level or in a profile) has a ``repair.job``."""
+    values = _policy_with()
+    role = _grants(one(docs(values), "Role", "-controller")["rules"])
+    assert not any(r == "jobs" for _, r, _ in role)
+    rule = copy.deepcopy(values["controller"]["policy"]["rules"][0])
+    rule["repair"] = {
+        "job": {"template": {"spec": {"containers": [{"name": "reset", "image": "busybox"}]}}}
+    }
+    values["controller"]["policy"]["profiles"] = [
+        {"name": "gpus", "match": {"driver": "gpu.example.com"}, "rules": [rule]}
+    ]
+    for key in ("rules",):
+        assert values["controller"]["policy"][key]  # the top level keeps its own rules
+    manifests = docs(values)
+    role = _grants(one(manifests, "Role", "-controller")["rules"])
+    assert {("batch", "jobs", v) for v in ("get", "list", "create", "delete")} <= role
+    validate(manifests)

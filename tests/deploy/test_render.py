@@ -55,6 +55,15 @@ def run(text: str, values: dict[str, Any] | None = None, **root: Any) -> str:
         ("{{ and .Values.a .Values.b }}|{{ or .Values.a .Values.b }}", {"a": 1, "b": 0}, "0|1"),
         ('{{ if eq .Values.p "x" "y" }}in{{ end }}', {"p": "y"}, "in"),
         ("{{ not .Values.a }}", {"a": []}, "true"),
+        # '=' inside a block sets the variable declared outside it (Go's text/template)
+        ("{{ $f := 0 }}{{ if .Values.on }}{{ $f = 1 }}{{ end }}{{ $f }}", {"on": 1}, "1"),
+        (
+            "{{ $n := 0 }}{{ range .Values.l }}{{ if . }}{{ $n = . }}{{ end }}{{ end }}{{ $n }}",
+            {"l": [0, 3, 0]},
+            "3",
+        ),
+        # ':=' inside a block declares a new variable there: the outer one is unchanged
+        ("{{ $f := 0 }}{{ if .Values.on }}{{ $f := 1 }}{{ end }}{{ $f }}", {"on": 1}, "0"),
     ],
 )
 def test_language(text: str, values: dict[str, Any], want: str) -> None:
