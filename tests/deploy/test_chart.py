@@ -491,3 +491,19 @@ def test_repair_jobs_are_granted_only_when_a_rule_has_one() -> None:
     role = _grants(one(manifests, "Role", "-controller")["rules"])
     assert {("batch", "jobs", v) for v in ("get", "list", "create", "delete")} <= role
     validate(manifests)
+
+
+def test_driver_claim_status_adds_the_flag_and_its_grant() -> None:
+    def driver(values: dict[str, Any] | None) -> tuple[list[str], set[tuple[str, str, str]]]:
+        manifests = docs(values)
+        ds = one(manifests, "DaemonSet", "-driver")
+        [c] = ds["spec"]["template"]["spec"]["containers"]
+        return c["args"], _grants(one(manifests, "ClusterRole", "-driver")["rules"])
+
+    args, grants = driver(None)
+    assert "--claim-status" not in args
+    assert ("resource.k8s.io", "resourceclaims/status", "patch") not in grants
+    args, grants = driver({"driver": {"claimStatus": True}})
+    assert "--claim-status" in args
+    assert ("resource.k8s.io", "resourceclaims/status", "patch") in grants
+    validate(docs({"driver": {"claimStatus": True}}))

@@ -160,6 +160,12 @@ def _say(line: str) -> None:
     is_flag=True,
     help="Withdraw Unknown devices too (where devices are withdrawn).",
 )
+@click.option(
+    "--claim-status",
+    is_flag=True,
+    help="Write each prepared device's health into its ResourceClaim's status.devices "
+    "(condition DeviceHealthy; needs API access and patch on resourceclaims/status).",
+)
 @API_CHECK_INTERVAL
 def driver_command(
     profile: str,
@@ -185,6 +191,7 @@ def driver_command(
     api_check_interval: float,
     withdraw_unhealthy: str,
     withdraw_unknown: bool,
+    claim_status: bool,
 ) -> None:
     """Run the sample DRA driver with simulated devices until SIGTERM/SIGINT."""
     config = SampleDriverConfig(
@@ -210,6 +217,7 @@ def driver_command(
         claim_cache=claim_cache,
         withdraw_unhealthy=withdraw_unhealthy,  # type: ignore[arg-type]
         withdraw_unknown=withdraw_unknown,
+        claim_status=claim_status,
     )
     try:
         app = SampleDriverApp(config, say=_say)

@@ -52,6 +52,7 @@ from drahealth.core import Health
 from drahealth.driver import (
     WITHDRAW_MODES,
     ClaimRef,
+    ClaimStatusWriter,
     DeviceReport,
     DriverMetrics,
     DriverResources,
@@ -395,6 +396,9 @@ class SampleDriverConfig:
     #: the server drops device taints); ``withdraw_unknown``: Unknown ones too.
     withdraw_unhealthy: WithdrawMode = "never"
     withdraw_unknown: bool = False
+    #: Write each prepared device's health into its claim's ``status.devices`` (needs API
+    #: access): :class:`drahealth.driver.ClaimStatusWriter`.
+    claim_status: bool = False
 
     def __post_init__(self) -> None:
         if self.withdraw_unhealthy not in WITHDRAW_MODES:
@@ -453,6 +457,7 @@ class SampleDriverApp:
         self.control: ControlServer | None = None
         self.metrics_server: MetricsServer | None = None
         self.publisher: ResourceSlicePublisher | None = None
+        self.claim_status: ClaimStatusWriter | None = None
         self.taints: TaintController | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._unwatch: Callable[[], None] | None = None
@@ -534,6 +539,12 @@ class SampleDriverApp:
                 withdraw=self.publisher.set_withdrawn,
             )
             await self.taints.start()
+            if c.claim_status:
+                assert self.handle is not None
+                self.claim_status = ClaimStatusWriter(
+                    self.hub, self.client, c.driver_name, self.handle.preparer.prepared_claims
+                )
+                await self.claim_status.start()
         if self.pci is not None:
             from drahealth.sources import run_source
 
@@ -565,6 +576,9 @@ class SampleDriverApp:
             await self.control.close()
         await cancel_and_wait(self._tasks)
         self._tasks.clear()
+        if self.claim_status is not None:
+            await self.claim_status.stop()
+            self.claim_status = None
         if self.taints is not None:
             await self.taints.stop()
         if self.publisher is not None:

@@ -376,3 +376,27 @@ async def test_sigkill_mid_prepare_then_restart(
     assert repeat[second].SerializeToString() == after[second].SerializeToString()
     assert read_bytes(spec_path(again, second)) == second_spec
     assert await again.stop() == 0
+
+
+async def test_claim_status_flag_writes_device_health_into_the_claim(
+    launch: Callable[..., Any], kube: AsyncClient, kubeconfig: str
+) -> None:
+    """``drahealth driver --claim-status``: a prepared device's health is a DeviceHealthy
+    condition in its claim's status.devices (what kubectl describe resourceclaim shows)."""
+    d: DriverProcess = await launch("--claim-status", kubeconfig=kubeconfig)
+    uid = await create_claim(kube, "train", [gpu("gpu-3")])
+    out = await prepare(d, ("train", uid))
+    assert out[uid].error == ""
+
+    async def condition(status: str) -> bool:
+        claim = (await kube.get(ResourceClaim, "train", namespace="default")).to_dict()
+        for entry in (claim.get("status") or {}).get("devices") or []:
+            if (entry["driver"], entry["pool"], entry["device"]) == (DRIVER, NODE, "gpu-3"):
+                found = [c for c in entry.get("conditions") or [] if c["type"] == "DeviceHealthy"]
+                return bool(found) and found[0]["status"] == status
+        return False
+
+    await eventually(lambda: condition("True"), 15.0)
+    rc, text, _ = await inject(d.state, "gpu-3", "unhealthy", "--message", "xid 79")
+    assert rc == 0, text
+    await eventually(lambda: condition("False"), 15.0)
