@@ -81,6 +81,7 @@ from drahealth.core import (
     Want,
     burn_in_why,
     format_time,
+    parse_rfc3339,
     selector_scope,
 )
 from drahealth.kube import (
@@ -268,6 +269,9 @@ class RemediationController:
         self._evict_due: float | None = None  # wall time a tolerated eviction falls due
         self._wake = asyncio.Event()
         self._bad_seen: dict[DeviceKey, float] = {}  # first bad observation, for latency
+        #: unix time of the first bad observation (provenance): fixed once, resumed from
+        #: the rules' and node rows' records, so a restart rewrites nothing
+        self._first_seen_at: dict[DeviceKey, float] = {}
         self._validating: set[DeviceKey] = set()
         self._impact: dict[str, str] = {}  # rule name -> last impact message written
         # burn-in gate and degraded devices: new devices, validations, Events, state keys
@@ -503,8 +507,11 @@ class RemediationController:
                 if obs.since is not None:
                     since = now - max(0.0, self._wall() - obs.since)
                 self._bad_seen.setdefault(key, since)
+                if key not in self._first_seen_at:
+                    self._first_seen_at[key] = round(self._wall() - max(0.0, now - since), 3)
             else:
                 self._bad_seen.pop(key, None)
+                self._first_seen_at.pop(key, None)
         self.outcomes.changed(changed, now)  # a device listed for the first time burns in
         self.aftercare.apply_clears(now)  # drahealth clear: before the engine's answer
         wants = self.engine.wants(now)
@@ -626,6 +633,8 @@ class RemediationController:
                 since = d.since or wall
                 self.engine.seed(facts, want, now - max(0.0, wall - since))
                 self._since_wall[d.device] = (d.effect, d.since or round(wall, 3))
+                if d.first_seen:
+                    self._first_seen_at.setdefault(d.device, d.first_seen)
 
     def _node_changed(self, node: str, changes: list[str], devices: Any) -> None:
         listed = ", ".join(str(d.device) for d in devices) or "none"
@@ -776,6 +785,10 @@ class RemediationController:
                 annotations.get(ANNOTATION_REASON, ""),
             )
             self.engine.seed(facts, want, now - max(0.0, wall - added))
+            first_seen = parse_rfc3339(annotations.get(ANNOTATION_FIRST_SEEN, ""))
+            if first_seen is not None:
+                key = DeviceKey(sel.driver, sel.pool, sel.device)
+                self._first_seen_at.setdefault(key, round(first_seen, 3))
 
     async def _reconcile_rules(self, wants: dict[DeviceKey, Want], now: float) -> None:
         desired: dict[str, tuple[DeviceKey, JSON]] = {}
@@ -851,10 +864,7 @@ class RemediationController:
 
     def _first_seen_wall(self, key: DeviceKey) -> float:
         """Wall time the device's bad health was first observed (0: not known)."""
-        seen = self._bad_seen.get(key)
-        if seen is None:
-            return 0.0
-        return round(self._wall() - max(0.0, self._clock() - seen), 3)
+        return self._first_seen_at.get(key, 0.0)
 
     def _first_seen(self, key: DeviceKey) -> str:
         wall = self._first_seen_wall(key)
