@@ -205,6 +205,7 @@ from drahealth.core._rollup import (
     node_condition,
     parse_threshold,
 )
+from drahealth.core._signals import PCI_ATTRIBUTES, Signal, normalize_key, normalize_pci_address
 from drahealth.core._status import (
     CLAIM_PREFIX,
     ClaimLookup,
@@ -269,6 +270,7 @@ __all__ = [
     "OPT_OUT_LABEL",
     "OPT_OUT_VALUE",
     "OUTCOMES",
+    "PCI_ATTRIBUTES",
     "POOL_NAME_MAX",
     "QUALIFIED_NAME_MAX",
     "REASON_ALL_DEVICES_HEALTHY",
@@ -349,6 +351,7 @@ __all__ = [
     "ReportedDevice",
     "RollupDevice",
     "Rule",
+    "Signal",
     "StatusBuilder",
     "StatusInputError",
     "StatusOptions",
@@ -396,6 +399,8 @@ __all__ = [
     "merge_device_status",
     "node_condition",
     "normalize_job_template",
+    "normalize_key",
+    "normalize_pci_address",
     "parse_device_key",
     "parse_entry_name",
     "parse_feature_gates",
