@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -269,7 +270,7 @@ async def run(
             healthy = [p for p in spare[:-1] if p not in chosen] or placed
             cpu0, wall0 = cpu_seconds(proc.pid), time.monotonic()
             changed = await churn(client, healthy, churn_rate, churn_s)
-            churn_wall = time.monotonic() - wall0
+            churn_wall = max(time.monotonic() - wall0, 1e-6)
             churn_cpu = (cpu_seconds(proc.pid) - cpu0) / churn_wall
             peak = max(peak, rss_mb(proc.pid))
         finally:
@@ -291,6 +292,24 @@ async def run(
         await client.close()
         await server.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+async def compare(nodes: int, pods: int, faults: int, rounds: int = 3) -> dict[str, float]:
+    """Fault -> taint latency with :data:`POLICY` and :data:`POLICY_GUARDED`, alternating
+    ``rounds`` times in this process (no churn phase): the median p50/p99 of each and the
+    guarded policy's overhead (a load spike hits both policies alike)."""
+    base: list[dict[str, float]] = []
+    guarded: list[dict[str, float]] = []
+    for _ in range(rounds):
+        base.append(await run(nodes, pods, faults, churn_s=0.0))
+        guarded.append(await run(nodes, pods, faults, churn_s=0.0, policy=POLICY_GUARDED))
+    out: dict[str, float] = {}
+    for name, runs in (("base", base), ("guarded", guarded)):
+        for q in ("p50_s", "p99_s"):
+            out[f"{name}_{q}"] = statistics.median(r[q] for r in runs)
+    for q in ("p50_s", "p99_s"):
+        out[f"overhead_{q}"] = out[f"guarded_{q}"] / out[f"base_{q}"] - 1
+    return out
 
 
 if __name__ == "__main__":
@@ -320,6 +339,13 @@ if __name__ == "__main__":
         help="a policy with circuit-breaker limits and profiles (none trips)",
     )
     parser.add_argument(
+        "--compare",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="plain vs guarded policy, alternating ROUNDS times: medians and the overhead",
+    )
+    parser.add_argument(
         "--seed-http",
         action="store_true",
         help="seed through the API (4 requests a pod) instead of in-process",
@@ -329,6 +355,9 @@ if __name__ == "__main__":
     pods = args.pods or (500 if args.quick else 5000)
     if pods > nodes * 8:
         parser.error(f"--pods {pods} needs at least {(pods + 7) // 8} nodes of 8 devices")
+    if args.compare:
+        print(asyncio.run(compare(nodes, pods, args.faults, args.compare)))
+        raise SystemExit(0)
     print(asyncio.run(run(nodes, pods, args.faults, args.churn, args.churn_seconds,
                           args.seed_http, args.lease_duration,
                           POLICY_GUARDED if args.guarded else POLICY)))  # fmt: skip
