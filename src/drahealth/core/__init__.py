@@ -224,8 +224,10 @@ from drahealth.core._taints import (
     selects,
     tolerated,
 )
+from drahealth.core._xid import APPLICATION_XIDS, XID_TEXT, xid_is_fatal, xid_message
 
 __all__ = [
+    "APPLICATION_XIDS",
     "BREAKER_SCOPES",
     "BURN_IN_NEW",
     "BURN_IN_REPAIRED",
@@ -279,6 +281,7 @@ __all__ = [
     "REMEDIATION_MARKERS",
     "REMEDIATION_MODES",
     "SAVE_LAG_MAX_SECONDS",
+    "XID_TEXT",
     "Action",
     "Aftercare",
     "AttributeValue",
@@ -426,4 +429,6 @@ __all__ = [
     "tolerated",
     "truncate_message",
     "unserved_reason",
+    "xid_is_fatal",
+    "xid_message",
 ]

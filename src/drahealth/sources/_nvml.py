@@ -1,6 +1,7 @@
 """NVIDIA GPU health through NVML (``nvidia-ml-py``, the ``drahealth[nvml]`` extra).
 
-Owns :class:`NvmlSource`, :class:`GpuDevice`, :class:`NvmlThresholds` and the XID table.
+Owns :class:`NvmlSource`, :class:`GpuDevice` and :class:`NvmlThresholds`; the XID table
+is core's (:data:`~drahealth.core.XID_TEXT`, re-exported here), shared with the other sources.
 Everything goes through ``nvml``, an object with pynvml's functions and constants (the
 ``pynvml`` module itself, or a scriptable fake in tests), so the source runs and is tested
 without a GPU.
@@ -31,32 +32,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from drahealth.core import DeviceReport, Health
+from drahealth.core import APPLICATION_XIDS, XID_TEXT, DeviceReport, Health
 
-__all__ = ["XID_TEXT", "GpuDevice", "NvmlSource", "NvmlThresholds", "discover_gpus"]
+__all__ = [
+    "APPLICATION_XIDS",
+    "XID_TEXT",
+    "GpuDevice",
+    "NvmlSource",
+    "NvmlThresholds",
+    "discover_gpus",
+]
 
 log = logging.getLogger(__name__)
 
-#: What an XID means, for messages users can act on.
-XID_TEXT: dict[int, str] = {
-    13: "graphics engine exception (application error)",
-    31: "GPU memory page fault (application error)",
-    43: "GPU stopped processing (application error)",
-    45: "preemptive cleanup after an application error",
-    48: "double-bit ECC error",
-    63: "ECC page retirement or row remapping recorded",
-    64: "ECC page retirement or row remapping failure",
-    68: "video processor exception (application error)",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    109: "context switch timeout (application error)",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-}
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 _ACTION_TEXT = {1: "reset the GPU", 2: "reboot the node", 3: "drain P2P", 4: "drain and reset"}
 
 
