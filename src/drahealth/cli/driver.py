@@ -25,6 +25,8 @@ from drahealth.driver import DEFAULT_CDI_DIR, WITHDRAW_MODES, CheckpointError
 from drahealth.kube import KubeConfigError
 from drahealth.simdriver import (
     DEFAULT_DRIVER_NAMES,
+    DEFAULT_NVIDIA_RELEASE,
+    NVIDIA_RELEASES,
     PROFILES,
     SampleDriverApp,
     SampleDriverConfig,
@@ -48,7 +50,8 @@ def _say(line: str) -> None:
 @click.option(
     "--driver-name",
     default=None,
-    help="DRA driver name [default: gpu.example.com, nic.example.com or pci.example.com].",
+    help="DRA driver name [default: gpu.example.com, nic.example.com, pci.example.com or "
+    "gpu.nvidia.com].",
 )
 @click.option(
     "--node-name",
@@ -166,6 +169,19 @@ def _say(line: str) -> None:
     help="Write each prepared device's health into its ResourceClaim's status.devices "
     "(condition DeviceHealthy; needs API access and patch on resourceclaims/status).",
 )
+@click.option(
+    "--nvidia-release",
+    type=click.Choice(list(NVIDIA_RELEASES)),
+    default=DEFAULT_NVIDIA_RELEASE,
+    show_default=True,
+    help="sim-nvidia: publish the attributes of this release of NVIDIA's DRA driver.",
+)
+@click.option(
+    "--kernel-log",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="sim-nvidia: the fake kernel log the xid action appends to [default: <state-dir>/kmsg].",
+)
 @API_CHECK_INTERVAL
 def driver_command(
     profile: str,
@@ -192,6 +208,8 @@ def driver_command(
     withdraw_unhealthy: str,
     withdraw_unknown: bool,
     claim_status: bool,
+    nvidia_release: str,
+    kernel_log: str | None,
 ) -> None:
     """Run the sample DRA driver with simulated devices until SIGTERM/SIGINT."""
     config = SampleDriverConfig(
@@ -218,6 +236,8 @@ def driver_command(
         withdraw_unhealthy=withdraw_unhealthy,  # type: ignore[arg-type]
         withdraw_unknown=withdraw_unknown,
         claim_status=claim_status,
+        nvidia_release=nvidia_release,
+        kernel_log=os.path.abspath(kernel_log) if kernel_log else None,
     )
     try:
         app = SampleDriverApp(config, say=_say)

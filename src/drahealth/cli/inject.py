@@ -25,26 +25,50 @@ __all__ = ["inject_command"]
     required=True,
     help="The running driver's state directory (holds control.sock).",
 )
-@click.option("--message", default=None, help="Message for unhealthy/unknown/healthy.")
+@click.option(
+    "--message", default=None, help="Message for unhealthy/unknown/healthy; xid: the driver's text."
+)
+@click.option(
+    "--xid",
+    type=click.IntRange(0, 0xFFFFFFFF),
+    default=None,
+    help="xid: the XID number [default: 79].",
+)
+@click.option("--pid", type=click.IntRange(min=1), default=None, help="xid: the process's id.")
+@click.option("--process", default=None, help="xid: the process's name.")
 @click.option(
     "--timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True, hidden=True
 )
 @click.argument("device")
-@click.argument("action", type=click.Choice(ACTIONS[:5]))
+@click.argument("action", type=click.Choice([a for a in ACTIONS if a != "status"]))
 def inject_command(
-    state_dir: str, message: str | None, timeout: float, device: str, action: str
+    state_dir: str,
+    message: str | None,
+    xid: int | None,
+    pid: int | None,
+    process: str | None,
+    timeout: float,
+    device: str,
+    action: str,
 ) -> None:
     """Inject a health change into a running `drahealth driver`.
 
     DEVICE is `gpu-3` or `POOL/gpu-3` (`*` for silence/resume). ACTION: `unhealthy`
     (fatal, latched), `healthy` (explicit recovery), `unknown`, `silence` / `resume`
-    (all health streams go quiet / come back).
+    (all health streams go quiet / come back), `xid` (sim-nvidia: the GPU's NVIDIA XID
+    line appended to the node's fake kernel log; the driver's health does not change).
     """
     path = control_socket_path(state_dir)
+    fields = {k: v for k, v in (("xid", xid), ("pid", pid), ("process", process)) if v is not None}
+    if fields and action != "xid":
+        raise click.UsageError("--xid, --pid and --process go with the xid action only")
     try:
-        reply = request_sync(path, action, device, message, timeout=timeout)
+        reply = request_sync(path, action, device, message, timeout=timeout, fields=fields)
     except ControlError as exc:
         raise click.ClickException(str(exc)) from exc
+    if "record" in reply:
+        click.echo(f"{reply['device']}: {reply['kernelLog']}: {reply['record']}")
+        return
     if "health" in reply:
         text = f"{reply['device']}: {reply['health']}"
         if reply.get("message"):

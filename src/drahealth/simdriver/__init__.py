@@ -1,7 +1,8 @@
 """The simulated DRA driver: a program built on the driver toolkit, not part of it.
 
-Owns the sample driver (simulated GPU and NIC profiles and the host's PCI functions,
-wired to every piece of ``drahealth.driver``) and its fault-injection control socket
+Owns the sample driver (simulated GPU and NIC profiles, the host's PCI functions, and
+GPUs published as NVIDIA's DRA driver publishes them with a fake kernel log, wired to
+every piece of ``drahealth.driver``) and its fault-injection control socket
 (server and standard-library-only client). ``drahealth driver`` runs it and
 ``drahealth inject`` talks to it.
 
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from drahealth.simdriver._control import (
         INJECT_SOURCE,
         ControlServer,
+        ProfileAction,
         handle_line,
         handle_request,
     )
@@ -48,10 +50,26 @@ if TYPE_CHECKING:
         request,
         request_sync,
     )
+    from drahealth.simdriver._nvidia import (
+        DEFAULT_NVIDIA_RELEASE,
+        KERNEL_LOG_NAME,
+        NVIDIA_DRIVER_NAME,
+        NVIDIA_RELEASES,
+        KernelLog,
+        SimGpu,
+        XidAction,
+        kmsg_record,
+        nvidia_attributes,
+        pci_attribute,
+        sim_nvidia_gpus,
+        sim_nvidia_pool,
+        xid_line,
+    )
 
 _APP = "drahealth.simdriver._app"
 _CONTROL = "drahealth.simdriver._control"
 _CLIENT = "drahealth.simdriver._control_client"
+_NVIDIA = "drahealth.simdriver._nvidia"
 
 #: public name -> module that defines it
 _EXPORTS: dict[str, str] = {
@@ -81,35 +99,63 @@ _EXPORTS: dict[str, str] = {
     "encode_line": _CLIENT,
     "request": _CLIENT,
     "request_sync": _CLIENT,
+    "ProfileAction": _CONTROL,
+    "DEFAULT_NVIDIA_RELEASE": _NVIDIA,
+    "KERNEL_LOG_NAME": _NVIDIA,
+    "NVIDIA_DRIVER_NAME": _NVIDIA,
+    "NVIDIA_RELEASES": _NVIDIA,
+    "KernelLog": _NVIDIA,
+    "SimGpu": _NVIDIA,
+    "XidAction": _NVIDIA,
+    "kmsg_record": _NVIDIA,
+    "nvidia_attributes": _NVIDIA,
+    "pci_attribute": _NVIDIA,
+    "sim_nvidia_gpus": _NVIDIA,
+    "sim_nvidia_pool": _NVIDIA,
+    "xid_line": _NVIDIA,
 }
 
 __all__ = [
     "ACTIONS",
     "CONTROL_SOCKET_NAME",
     "DEFAULT_DRIVER_NAMES",
+    "DEFAULT_NVIDIA_RELEASE",
     "INJECT_SOURCE",
+    "KERNEL_LOG_NAME",
     "MAX_LINE_BYTES",
     "NO_KUBECONFIG_MESSAGE",
+    "NVIDIA_DRIVER_NAME",
+    "NVIDIA_RELEASES",
     "PREPARE_FAULT_SOURCE",
     "PROFILES",
     "SIM_SOURCE",
     "TAINT_STORE_NAME",
     "ControlError",
     "ControlServer",
+    "KernelLog",
+    "ProfileAction",
     "SampleDriver",
     "SampleDriverApp",
     "SampleDriverConfig",
+    "SimGpu",
     "SimulatedHealthSource",
+    "XidAction",
     "build_resources",
     "control_socket_path",
     "device_uuid",
     "encode_line",
     "handle_line",
     "handle_request",
+    "kmsg_record",
+    "nvidia_attributes",
+    "pci_attribute",
     "request",
     "request_sync",
     "sim_gpu_pool",
     "sim_nic_pool",
+    "sim_nvidia_gpus",
+    "sim_nvidia_pool",
+    "xid_line",
 ]
 
 

@@ -14,6 +14,10 @@ Owns the two profiles modelled on dra-example-driver (reference/driver-side.md 2
   ``pci-<address>`` devices with ``address``, ``vendor``, ``deviceID``, ``class`` and
   ``kernelDriver`` attributes, monitored by the PCI sysfs health source
   (``drahealth.sources``) instead of the simulated one. Prepare has no side effects.
+* ``sim-nvidia``: GPUs published as NVIDIA's DRA driver publishes them (driver
+  ``gpu.nvidia.com``; ``drahealth.simdriver._nvidia``): no health service, no taints of
+  its own, and a fake kernel log (``<state-dir>/kmsg``) the control socket's ``xid``
+  action writes NVIDIA XID lines into.
 
 Also owns :class:`SampleDriver` (prepare answers the allocated devices, with no side
 effects; the toolkit adds CDI ids; a device latched Unhealthy in the hub fails with a
@@ -72,7 +76,16 @@ from drahealth.driver import (
     split_pool,
     start,
 )
-from drahealth.simdriver._control import ControlServer, control_socket_path
+from drahealth.simdriver._control import ControlServer, ProfileAction, control_socket_path
+from drahealth.simdriver._nvidia import (
+    DEFAULT_NVIDIA_RELEASE,
+    KERNEL_LOG_NAME,
+    NVIDIA_DRIVER_NAME,
+    KernelLog,
+    XidAction,
+    sim_nvidia_gpus,
+    sim_nvidia_pool,
+)
 
 if TYPE_CHECKING:
     from drahealth.sources import PciSource
@@ -96,11 +109,12 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PROFILES = ("sim-gpu", "sim-nic", "sim-pci")
+PROFILES = ("sim-gpu", "sim-nic", "sim-pci", "sim-nvidia")
 DEFAULT_DRIVER_NAMES = {
     "sim-gpu": "gpu.example.com",
     "sim-nic": "nic.example.com",
     "sim-pci": "pci.example.com",
+    "sim-nvidia": NVIDIA_DRIVER_NAME,
 }
 #: Hub source of the simulated health source and of permanent faults seen by prepare.
 SIM_SOURCE = "sim"
@@ -259,7 +273,12 @@ def sim_pci_pool(sysfs_root: str = "/sys") -> Pool:
 
 
 def build_resources(
-    profile: str, node: str, devices: int = 8, partitions: int = 0, sysfs_root: str = "/sys"
+    profile: str,
+    node: str,
+    devices: int = 8,
+    partitions: int = 0,
+    sysfs_root: str = "/sys",
+    nvidia_release: str = DEFAULT_NVIDIA_RELEASE,
 ) -> DriverResources:
     """The driver's resources for ``profile``: one pool named after the node.
 
@@ -275,6 +294,10 @@ def build_resources(
         if partitions:
             raise ValueError("--partitions applies to the sim-gpu profile only")
         pool = sim_pci_pool(sysfs_root)
+    elif profile == "sim-nvidia":
+        if partitions:
+            raise ValueError("--partitions applies to the sim-gpu profile only")
+        pool = sim_nvidia_pool(node, devices, nvidia_release)
     else:
         raise ValueError(f"unknown profile {profile!r}; expected one of {', '.join(PROFILES)}")
     split_pool(node, pool)  # validate now, with or without API access
@@ -399,8 +422,19 @@ class SampleDriverConfig:
     #: Write each prepared device's health into its claim's ``status.devices`` (needs API
     #: access): :class:`drahealth.driver.ClaimStatusWriter`.
     claim_status: bool = False
+    #: sim-nvidia: the NVIDIA driver release whose attributes are published, and the
+    #: fake kernel log (default ``<state-dir>/kmsg``).
+    nvidia_release: str = DEFAULT_NVIDIA_RELEASE
+    kernel_log: str | None = None
 
     def __post_init__(self) -> None:
+        if self.profile == "sim-nvidia" and (
+            self.claim_status or self.withdraw_unhealthy != "never"
+        ):
+            raise ValueError(
+                "--claim-status and --withdraw-unhealthy need the driver's own health; "
+                "sim-nvidia, like NVIDIA's driver, has none"
+            )
         if self.withdraw_unhealthy not in WITHDRAW_MODES:
             raise ValueError(
                 f"withdraw_unhealthy {self.withdraw_unhealthy!r}: choose one of "
@@ -418,8 +452,15 @@ class SampleDriverApp:
         self.config = config
         self.say = say
         self.resources = build_resources(
-            config.profile, config.node_name, config.devices, config.partitions, config.sysfs_root
+            config.profile,
+            config.node_name,
+            config.devices,
+            config.partitions,
+            config.sysfs_root,
+            config.nvidia_release,
         )
+        #: NVIDIA's plugins serve no health stream; neither does their simulation
+        self.streams_health = config.profile != "sim-nvidia"
         self.device_ids = [
             (pool_name, d.name)
             for pool_name, pool in self.resources.pools.items()
@@ -459,6 +500,7 @@ class SampleDriverApp:
         self.publisher: ResourceSlicePublisher | None = None
         self.claim_status: ClaimStatusWriter | None = None
         self.taints: TaintController | None = None
+        self.kernel_log: KernelLog | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._unwatch: Callable[[], None] | None = None
         self._stop = asyncio.Event()
@@ -501,6 +543,8 @@ class SampleDriverApp:
             self.say(f"metrics: {self.metrics_server.url}")
         assert self.handle is not None and self.control is not None
         self.say(f"control: {self.control.path}")
+        if self.kernel_log is not None:
+            self.say(f"kernel log: {self.kernel_log.path}")
         log.info("sample driver %s (%s) on node %s started", c.driver_name, c.profile, c.node_name)
         self.say(f"ready: {self.handle.registrar_socket}")
 
@@ -516,8 +560,11 @@ class SampleDriverApp:
 
             self.client = make_client(c.kubeconfig)
         options = self.plugin_options()
-        self.handle = await start(self.metrics.instrument(self.driver), options, health=self.hub)
-        self.control = ControlServer(self.hub, control_socket_path(options.effective_state_dir))
+        health = self.hub if self.streams_health else None
+        self.handle = await start(self.metrics.instrument(self.driver), options, health=health)
+        self.control = ControlServer(
+            self.hub, control_socket_path(options.effective_state_dir), self._profile_actions()
+        )
         await self.control.start()
         if c.metrics_port is not None:
             self.metrics_server = MetricsServer(self.metrics.registry)
@@ -531,6 +578,7 @@ class SampleDriverApp:
             )
             self.metrics.watch_publisher(self.publisher)
             self.publisher.publish(self.resources)
+        if self.client is not None and self.publisher is not None and self.streams_health:
             self.taints = TaintController(
                 self.hub,
                 TaintPolicy(c.driver_name, withdraw_unknown=c.withdraw_unknown),
@@ -551,6 +599,16 @@ class SampleDriverApp:
             self._tasks.append(asyncio.create_task(run_source(self.hub, self.pci), name="pci"))
         else:
             self._tasks.append(asyncio.create_task(self.source.run(), name="sim-health"))
+
+    def _profile_actions(self) -> dict[str, ProfileAction]:
+        """The control actions only this profile serves (sim-nvidia: ``xid``)."""
+        c = self.config
+        if c.profile != "sim-nvidia":
+            return {}
+        state_dir = self.plugin_options().effective_state_dir
+        self.kernel_log = KernelLog(c.kernel_log or os.path.join(state_dir, KERNEL_LOG_NAME))
+        gpus = {g.name: g.pci_bus_id for g in sim_nvidia_gpus(c.node_name, c.devices)}
+        return {"xid": XidAction(self.kernel_log, gpus)}
 
     def request_stop(self) -> None:
         """Ask :meth:`wait` to return (signal-handler safe)."""

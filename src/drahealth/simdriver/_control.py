@@ -10,7 +10,7 @@ Protocol: one JSON object per line (UTF-8, ``\\n``-terminated, at most
 :data:`MAX_LINE_BYTES` bytes), one reply line per request, any number of requests
 per connection. Request fields::
 
-    {"action": "unhealthy" | "healthy" | "unknown" | "silence" | "resume" | "status",
+    {"action": "unhealthy" | "healthy" | "unknown" | "silence" | "resume" | "status" | "xid",
      "device": "gpu-3" | "pool/gpu-3" | "*",     # required except for silence/resume/status
      "message": "text"}                           # optional
 
@@ -30,7 +30,11 @@ Actions (source names are those the hub sees):
   (``hub.recover``: explicit operator recovery);
 * ``silence`` / ``resume``: ``hub.silence(True/False)`` for the whole hub (a wedged
   driver: streams send nothing); a given DEVICE is still checked (``*`` = any);
-* ``status``: read-only; the device's state, or every device without one.
+* ``status``: read-only; the device's state, or every device without one;
+* ``xid``: only where the driver's profile serves it (``sim-nvidia``): the device's
+  NVIDIA XID line appended to the node's fake kernel log (fields ``xid``, ``pid``,
+  ``process``; see ``drahealth.simdriver._nvidia``). Profile actions are
+  :class:`ProfileAction` objects given to :class:`ControlServer`.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ import os
 import socket
 import stat
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from drahealth.core import Health
 from drahealth.driver import DeviceReport, DeviceState, HealthHub
@@ -65,6 +69,7 @@ __all__ = [
     "MAX_LINE_BYTES",
     "ControlError",
     "ControlServer",
+    "ProfileAction",
     "control_socket_path",
     "handle_line",
     "handle_request",
@@ -78,8 +83,19 @@ log = logging.getLogger(__name__)
 INJECT_SOURCE = "inject"
 #: Actions that need no device.
 _HUB_ACTIONS = frozenset({"silence", "resume", "status"})
+#: Actions only some profiles serve.
+_PROFILE_ACTIONS = frozenset({"xid"})
 _FIELDS = frozenset({"action", "device", "message"})
 _DEFAULT_FAULT = "injected fault"
+
+
+class ProfileAction(Protocol):
+    """An action only some profiles serve: its extra request ``fields`` and the call
+    that answers it for one device (raising :class:`ControlError` for a bad request)."""
+
+    fields: frozenset[str]
+
+    def __call__(self, state: DeviceState, req: Mapping[str, Any]) -> dict[str, Any]: ...
 
 
 # --------------------------------------------------------------------------- protocol
@@ -113,10 +129,12 @@ def _resolve(hub: HealthHub, name: str) -> DeviceState:
     return matches[0]
 
 
-def _validate(req: Any) -> tuple[str, str | None, str | None]:
+def _validate(req: Any, actions: Mapping[str, ProfileAction]) -> tuple[str, str | None, str | None]:
     if not isinstance(req, Mapping):
         raise ControlError(f"request must be a JSON object, got {type(req).__name__}")
-    unknown = sorted(set(req) - _FIELDS)
+    name = req.get("action")
+    extra = actions.get(name) if isinstance(name, str) else None
+    unknown = sorted(set(req) - _FIELDS - (extra.fields if extra is not None else set()))
     if unknown:
         raise ControlError(f"unknown field(s) in request: {', '.join(map(str, unknown))}")
     action = req.get("action")
@@ -135,10 +153,13 @@ def _validate(req: Any) -> tuple[str, str | None, str | None]:
     return action, device, message
 
 
-def handle_request(hub: HealthHub, req: Any) -> dict[str, Any]:
-    """Apply one decoded request to ``hub``; return the reply (never raises)."""
+def handle_request(
+    hub: HealthHub, req: Any, actions: Mapping[str, ProfileAction] | None = None
+) -> dict[str, Any]:
+    """Apply one decoded request to ``hub`` (or to the profile's ``actions``); return the
+    reply (never raises)."""
     try:
-        action, device, message = _validate(req)
+        action, device, message = _validate(req, actions or {})
         if action in _HUB_ACTIONS:
             if device is not None and device != "*":
                 state: DeviceState | None = _resolve(hub, device)
@@ -164,6 +185,11 @@ def handle_request(hub: HealthHub, req: Any) -> dict[str, Any]:
         assert device is not None
         state = _resolve(hub, device)
         pool, name = state.pool, state.device
+        if action in _PROFILE_ACTIONS:
+            handler = (actions or {}).get(action)
+            if handler is None:
+                raise ControlError(f"action {action!r} is not served by this driver's profile")
+            return handler(state, req)
         if action == "unhealthy":
             report = DeviceReport(pool, name, Health.UNHEALTHY, message or _DEFAULT_FAULT, True)
             hub.submit(INJECT_SOURCE, [report])
@@ -177,15 +203,19 @@ def handle_request(hub: HealthHub, req: Any) -> dict[str, Any]:
         return {"ok": False, "error": str(exc)}
     except ValueError as exc:  # the hub refused the report
         return {"ok": False, "error": str(exc)}
+    except OSError as exc:  # a profile action could not write
+        return {"ok": False, "error": f"action {req.get('action')!r} failed: {exc}"}
 
 
-def handle_line(hub: HealthHub, line: bytes) -> dict[str, Any]:
+def handle_line(
+    hub: HealthHub, line: bytes, actions: Mapping[str, ProfileAction] | None = None
+) -> dict[str, Any]:
     """Decode one request line and apply it (never raises)."""
     try:
         req = json.loads(line)
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
         return {"ok": False, "error": f"request is not valid JSON: {exc}"}
-    return handle_request(hub, req)
+    return handle_request(hub, req, actions)
 
 
 # --------------------------------------------------------------------------- server
@@ -200,9 +230,12 @@ class ControlServer:
     ``close()`` removes the socket only if it is still the one this server bound.
     """
 
-    def __init__(self, hub: HealthHub, path: str) -> None:
+    def __init__(
+        self, hub: HealthHub, path: str, actions: Mapping[str, ProfileAction] | None = None
+    ) -> None:
         self.hub = hub
         self.path = os.path.abspath(path)
+        self.actions = dict(actions or {})
         self._server: asyncio.Server | None = None
         self._ino: int | None = None
         self._conns: set[asyncio.Task[None]] = set()
@@ -290,7 +323,7 @@ class ControlServer:
                 return
             if not line.strip():
                 continue
-            reply = handle_line(self.hub, line)
+            reply = handle_line(self.hub, line, self.actions)
             if reply["ok"]:
                 log.info("control request %s applied", line.strip()[:200].decode(errors="replace"))
             writer.write(encode_line(reply))

@@ -31,8 +31,9 @@ __all__ = [
 CONTROL_SOCKET_NAME = "control.sock"
 #: Longest accepted request line, newline included.
 MAX_LINE_BYTES = 64 * 1024
-#: Actions a request may name; the first five are the ``drahealth inject`` actions.
-ACTIONS = ("unhealthy", "healthy", "unknown", "silence", "resume", "status")
+#: Actions a request may name; all but ``status`` are ``drahealth inject`` actions
+#: (``xid`` only where the driver's profile serves it).
+ACTIONS = ("unhealthy", "healthy", "unknown", "silence", "resume", "status", "xid")
 
 
 class ControlError(Exception):
@@ -56,8 +57,11 @@ async def request(
     message: str | None = None,
     *,
     timeout: float = 5.0,  # noqa: ASYNC109
+    fields: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Send one request to the control socket at ``path``; return the ``ok`` reply.
+
+    ``fields``: further request fields of a profile's action (``xid``, ``pid``, ...).
 
     Raises :class:`ControlError` with a clear message when the socket is missing, no
     driver listens, the reply is malformed or late, or the driver refused the request.
@@ -67,6 +71,7 @@ async def request(
         req["device"] = device
     if message is not None:
         req["message"] = message
+    req.update(fields or {})
     try:
         async with asyncio.timeout(timeout):
             reader, writer = await asyncio.open_unix_connection(path, limit=16 * MAX_LINE_BYTES)
@@ -112,6 +117,7 @@ def request_sync(
     message: str | None = None,
     *,
     timeout: float = 5.0,
+    fields: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Blocking :func:`request` (for the CLI)."""
-    return asyncio.run(request(path, action, device, message, timeout=timeout))
+    return asyncio.run(request(path, action, device, message, timeout=timeout, fields=fields))
