@@ -6,6 +6,15 @@ asyncio, aiohttp, lightkube or httpx).
 """
 
 from drahealth.core._aftercare import Aftercare, Notice, RepairRun, repair_env
+from drahealth.core._attach import (
+    POD_CONDITION_TYPE,
+    AttachedHealth,
+    AttachIndex,
+    KeySpec,
+    SourceSpec,
+    pod_condition,
+    pod_condition_differs,
+)
 from drahealth.core._breaker import (
     BREAKER_SCOPES,
     BreakerEvent,
@@ -273,6 +282,7 @@ __all__ = [
     "OPT_OUT_VALUE",
     "OUTCOMES",
     "PCI_ATTRIBUTES",
+    "POD_CONDITION_TYPE",
     "POOL_NAME_MAX",
     "QUALIFIED_NAME_MAX",
     "REASON_ALL_DEVICES_HEALTHY",
@@ -284,6 +294,8 @@ __all__ = [
     "XID_TEXT",
     "Action",
     "Aftercare",
+    "AttachIndex",
+    "AttachedHealth",
     "AttributeValue",
     "BreakerEvent",
     "BreakerGroup",
@@ -322,6 +334,7 @@ __all__ = [
     "HoldBook",
     "Hysteresis",
     "JobPlacement",
+    "KeySpec",
     "KubeProfile",
     "Limit",
     "LimitError",
@@ -355,6 +368,7 @@ __all__ = [
     "RollupDevice",
     "Rule",
     "Signal",
+    "SourceSpec",
     "StatusBuilder",
     "StatusInputError",
     "StatusOptions",
@@ -415,6 +429,8 @@ __all__ = [
     "parse_threshold",
     "parse_time",
     "pod_claim_names",
+    "pod_condition",
+    "pod_condition_differs",
     "pool_name_problem",
     "positive_seconds",
     "record_labels",
