@@ -4,15 +4,30 @@ Every source implements :class:`HealthSource` (``name``, ``interval``, ``devices
 a blocking ``poll()`` returning one report per device); :func:`run_source` polls it in
 a worker thread and submits to the hub. Sources: :class:`PciSource` (PCI sysfs: presence,
 AER, link, driver), :class:`ExecProbe` and :class:`FileProbe` (vendor tools), and
-:class:`NvmlSource` (NVIDIA GPUs through NVML, the ``drahealth[nvml]`` extra).
+:class:`NvmlSource` (NVIDIA GPUs through NVML, the ``drahealth[nvml]`` extra). Sources
+for devices of drivers drahealth does not own implement
+:class:`~drahealth.sources._attached.AttachedSource` instead (signals keyed by a device
+attribute): :class:`KmsgSource` (XID lines of the kernel log).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from drahealth._lazy import lazy_exports
 from drahealth.sources._base import HealthSource, run_source, unknown_all
 from drahealth.sources._nvml import GpuDevice, NvmlSource, NvmlThresholds, discover_gpus
 from drahealth.sources._pci import AerThresholds, PciDevice, PciSource, list_pci_devices
 from drahealth.sources._probe import ExecProbe, FileProbe
+
+if TYPE_CHECKING:
+    from drahealth.sources._kmsg import KmsgSource
+
+#: Attached sources (keyed by device attribute, for other drivers' devices): public name
+#: -> defining module, imported on first use (PEP 562).
+_EXPORTS: dict[str, str] = {
+    "KmsgSource": "drahealth.sources._kmsg",
+}
 
 __all__ = [
     "AerThresholds",
@@ -20,6 +35,7 @@ __all__ = [
     "FileProbe",
     "GpuDevice",
     "HealthSource",
+    "KmsgSource",
     "NvmlSource",
     "NvmlThresholds",
     "PciDevice",
@@ -29,3 +45,5 @@ __all__ = [
     "run_source",
     "unknown_all",
 ]
+
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

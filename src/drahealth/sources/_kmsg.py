@@ -1,0 +1,650 @@
+"""GPU health from the kernel log: NVIDIA XID lines (and AMD and Intel GPU resets that
+failed), read from ``/dev/kmsg`` or from a followed file.
+
+Owns :class:`KmsgSource` (an :class:`~drahealth.sources._attached.AttachedSource` keyed
+by PCI address), :func:`parse_kernel_message` (one kernel message -> a
+:class:`KernelEvent`, ``None``, or :class:`MalformedLine`) and :class:`KmsgCounters`.
+
+Lines read (the address is what the device's ResourceSlice publishes as its PCI bus ID):
+
+* ``NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.``
+  and its variants: with or without ``pid=``/``name=``, ``PCI:`` or not, a function digit
+  or not, behind any prefix (``[12345.678901]``, ``Mar 27 00:13:33 host kernel:``, an ISO
+  time). Meaning and severity come from core's one XID table (application XIDs are
+  informational: the device stays Healthy and the message is shown; every other XID is
+  fatal); an XID the table does not know is described in the driver's own words;
+* ``NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.`` and the three-line
+  ``NVRM: The NVIDIA GPU 0000:3b:00.0 ... has fallen off the bus`` notice: as XID 79;
+* ``amdgpu 0000:03:00.0: amdgpu: GPU reset(2) failed``: fatal; ``GPU reset(3)
+  succeeded!`` ends that device's fault (the driver recovered it);
+* ``i915 0000:00:02.0: [drm] *ERROR* GT0: Failed to reset chip``: fatal (the GPU is
+  wedged); ``i915 0000:00:02.0: [drm] GPU HANG: ecode ...``: informational (the driver
+  resets the engine).
+
+A fatal line leaves no "recovered" line behind it, so the fault is latched: the device
+stays Unhealthy until ``clear_after`` seconds pass without a new fatal line for it
+(``None``: until the source restarts). Every device a line ever named (at most
+``max_devices``) is answered for on every poll, Healthy once its latch ends, so its lease
+never runs out; devices no line named get no signal from this source.
+
+``/dev/kmsg`` is read record by record (``prio,seq,usec,flags;message``, continuation
+lines ignored, ``\\xNN`` escapes decoded), non-blocking; records user space wrote (any
+facility but the kernel's) are ignored, so ``echo ... > /dev/kmsg`` cannot fake a fault;
+records the kernel overwrote before they were read (``EPIPE``) are counted from the
+sequence numbers. By default it starts at the beginning of the ring buffer and restores
+the latches of fatal lines younger than ``clear_after`` (their age from the record's
+timestamp), so an agent restart does not forget a GPU that fell off the bus a minute ago.
+A plain file is followed like ``tail -F`` (rotation and truncation survived) and starts
+at its end; ``from_start=True`` reads its last ``backlog_bytes`` first, as new lines.
+
+Hostile input: a line longer than ``max_line_bytes`` is cut, invalid UTF-8 is replaced,
+control characters never reach a message, at most ``max_lines`` lines are read per poll
+(the rest on the next), and every line that is not understood is counted, never raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import math
+import os
+import re
+import stat
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from drahealth._text import printable
+from drahealth.core import (
+    APPLICATION_XIDS,
+    Health,
+    Signal,
+    normalize_pci_address,
+    xid_is_fatal,
+    xid_message,
+)
+
+__all__ = [
+    "KernelEvent",
+    "KmsgCounters",
+    "KmsgSource",
+    "MalformedLine",
+    "parse_kernel_message",
+]
+
+#: Bytes asked of one read() of /dev/kmsg: a record is at most 8 KiB (the kernel's
+#: CONSOLE_EXT_LOG_MAX); a smaller buffer makes read() fail with EINVAL.
+_KMSG_READ = 16384
+_FILE_READ = 65536
+_DETAIL_MAX = 120  # characters of the driver's own words kept in a message
+_NAME_MAX = 32
+
+# -- parsing (pure) ---------------------------------------------------------------------
+
+_ADDR = r"(?:[0-9A-Fa-f]{1,8}:)?[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?"
+_XID = re.compile(r"NVRM:\s+Xid\s+\((?:PCI:)?(?P<addr>[^()\s]{1,40})\):\s*(?P<xid>\d{1,5})\b")
+_XID_REST = re.compile(
+    r"\s*,\s*(?:pid=(?P<pid>[^,]{0,40}),\s*)?(?:name=(?P<name>[^,]{0,80}),\s*)?(?P<detail>.*)",
+    re.S,
+)
+_FALLEN = re.compile(
+    rf"NVRM:\s+(?:The NVIDIA )?GPU (?:at )?(?:PCI:)?(?P<addr>{_ADDR})\b.{{0,300}}?"
+    r"fallen off the bus",
+    re.S,
+)
+#: The first line of the driver's three-line fallen-off-the-bus notice, as a line of a
+#: text log (in /dev/kmsg the three lines are one record).
+_FALLEN_HEAD = re.compile(rf"NVRM:\s+The NVIDIA GPU (?P<addr>{_ADDR})\s*$")
+_AMD_RESET = re.compile(
+    rf"\bamdgpu (?P<addr>{_ADDR}): (?:amdgpu: )?GPU reset\((?P<n>\d{{1,10}})\) "
+    r"(?P<result>failed|succeeded)"
+)
+_I915_WEDGED = re.compile(rf"\bi915 (?P<addr>{_ADDR}): .{{0,80}}?Failed to reset chip")
+_I915_HANG = re.compile(
+    rf"\bi915 (?P<addr>{_ADDR}): .{{0,40}}?GPU HANG: ecode (?P<ecode>[0-9A-Fa-f:]{{1,40}})"
+)
+#: Words that must be in a message for any pattern above to match: a cheap first test.
+_MARKERS = ("NVRM", "amdgpu", "i915")
+
+
+class MalformedLine(ValueError):
+    """A line that looks like a GPU fault line but cannot be read."""
+
+
+@dataclass(frozen=True, slots=True)
+class KernelEvent:
+    """What one kernel-log line says about one GPU.
+
+    ``address`` is the normalized PCI address (``0000:3b:00.0``), or ``None`` when the
+    line names a device in a form that is not one. ``recovered`` marks a line saying the
+    driver recovered the device (it ends a latched fault).
+    """
+
+    address: str | None
+    health: Health
+    message: str
+    recovered: bool = False
+    xid: int | None = None
+
+
+def _clean(text: str, limit: int) -> str:
+    return printable(text).strip()[:limit].strip()
+
+
+def _xid_event(
+    match: re.Match[str], text: str, informational: frozenset[int], fatal: frozenset[int]
+) -> KernelEvent:
+    xid = int(match.group("xid"))
+    rest = _XID_REST.match(text, match.end())
+    detail = name = pid = ""
+    if rest is not None:
+        detail = _clean(rest.group("detail").split("\n", 1)[0], _DETAIL_MAX).rstrip(".")
+        name = _clean((rest.group("name") or "").strip("'\""), _NAME_MAX)
+        pid = _clean((rest.group("pid") or "").strip("'\""), 12)
+    is_fatal = xid_is_fatal(xid, informational, fatal)
+    message = xid_message(xid, is_fatal, detail)
+    if not is_fatal and (pid or name) and name != "<unknown>":
+        message = f"{message[:-1]}; pid {pid or '?'} {name})".replace(" )", ")")
+    health = Health.UNHEALTHY if is_fatal else Health.HEALTHY
+    address = normalize_pci_address(match.group("addr"))
+    return KernelEvent(address, health, message, xid=xid)
+
+
+def parse_kernel_message(
+    text: str,
+    informational_xids: Iterable[int] = APPLICATION_XIDS,
+    fatal_xids: Iterable[int] = (),
+) -> KernelEvent | None:
+    """What the kernel message ``text`` (one record, or one line of a text log, with or
+    without a prefix) says about a GPU, or ``None`` when it says nothing about one.
+
+    Raises :class:`MalformedLine` for an ``NVRM: Xid`` line whose address or number
+    cannot be read.
+    """
+    if not any(marker in text for marker in _MARKERS):
+        return None
+    if "Xid" in text:
+        match = _XID.search(text)
+        if match is not None:
+            informational = frozenset(informational_xids)
+            return _xid_event(match, text, informational, frozenset(fatal_xids))
+        if re.search(r"NVRM:\s+Xid\b", text):
+            raise MalformedLine(f"unreadable XID line: {_clean(text, 80)!r}")
+    match = _FALLEN.search(text)
+    if match is not None:
+        address = normalize_pci_address(match.group("addr"))
+        return KernelEvent(address, Health.UNHEALTHY, xid_message(79, True), xid=79)
+    match = _AMD_RESET.search(text)
+    if match is not None:
+        address = normalize_pci_address(match.group("addr"))
+        if match.group("result") == "failed":
+            message = f"amdgpu: GPU reset {match.group('n')} failed (reboot the node)"
+            return KernelEvent(address, Health.UNHEALTHY, message)
+        message = f"amdgpu: GPU reset {match.group('n')} succeeded"
+        return KernelEvent(address, Health.HEALTHY, message, recovered=True)
+    match = _I915_WEDGED.search(text)
+    if match is not None:
+        address = normalize_pci_address(match.group("addr"))
+        message = "i915: GPU reset failed, the GPU is wedged (reboot the node)"
+        return KernelEvent(address, Health.UNHEALTHY, message)
+    match = _I915_HANG.search(text)
+    if match is not None:
+        address = normalize_pci_address(match.group("addr"))
+        message = f"i915: GPU hang, ecode {match.group('ecode')} (the driver reset the engine)"
+        return KernelEvent(address, Health.HEALTHY, message)
+    return None
+
+
+# -- records ----------------------------------------------------------------------------
+
+#: ``prio,seq,usec,flags[,more];`` at the start of a /dev/kmsg record.
+_KMSG_HEAD = re.compile(rb"(\d{1,10}),(\d{1,20}),(\d{1,20})(?:,[^;]{0,64})?;")
+_ESCAPE = re.compile(r"\\x([0-9a-fA-F]{2})")
+
+
+@dataclass(frozen=True, slots=True)
+class _Record:
+    text: str
+    facility: int | None = None  # None: a text line without a kmsg header
+    seq: int | None = None
+    usec: int | None = None
+
+
+def _unescape(text: str) -> str:
+    if "\\x" not in text:
+        return text
+    return _ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), text)
+
+
+def _record(raw: bytes, headed: bool) -> _Record | None:
+    """A record from one /dev/kmsg read or one text line; ``None`` when ``headed`` (a
+    /dev/kmsg record) and the header is missing."""
+    head = _KMSG_HEAD.match(raw)
+    if head is None:
+        if headed:
+            return None
+        return _Record(raw.decode("utf-8", "replace"))
+    body = raw[head.end() :].split(b"\n", 1)[0]  # continuation lines: key=value context
+    prio, seq, usec = (int(g) for g in head.groups())
+    return _Record(_unescape(body.decode("utf-8", "replace")), prio >> 3, seq, usec)
+
+
+# -- readers ----------------------------------------------------------------------------
+
+
+class _KmsgReader:
+    """Records of a /dev/kmsg-like character device, non-blocking."""
+
+    headed = True
+
+    def __init__(self, path: str, from_start: bool, counters: KmsgCounters) -> None:
+        self.path = path
+        self.counters = counters
+        self.fd: int | None = None
+        self.from_start = from_start
+        self.replaying = from_start  # until the first EAGAIN: records carry their age
+
+    def _open(self) -> int:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except PermissionError as exc:
+            raise PermissionError(
+                f"cannot read {self.path}: {exc.strerror} (reading the kernel log needs "
+                "CAP_SYSLOG where kernel.dmesg_restrict=1, and the device mounted and "
+                "allowed in a container)"
+            ) from None
+        if not self.from_start:
+            os.lseek(fd, 0, os.SEEK_END)
+        self.from_start = False  # a reopen after an error goes on from the end
+        return fd
+
+    def prime(self) -> None:
+        """Open now, so that "from the end" means from the source's creation; an error
+        is raised by the next read instead."""
+        with contextlib.suppress(OSError):
+            self.fd = self._open()
+
+    def read(self, max_lines: int) -> list[bytes]:
+        if self.fd is None:
+            self.fd = self._open()
+        out: list[bytes] = []
+        while len(out) < max_lines:
+            try:
+                out.append(os.read(self.fd, _KMSG_READ))
+            except BlockingIOError:
+                self.replaying = False
+                break
+            except BrokenPipeError:
+                continue  # records overwritten: counted from the sequence gap
+            except OSError as exc:
+                self.close()
+                if exc.errno == errno.EINVAL:
+                    raise OSError(f"{self.path}: a record longer than {_KMSG_READ} bytes") from None
+                raise
+        return out
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class _FileFollower:
+    """Complete lines appended to a file, across rotation and truncation (``tail -F``)."""
+
+    headed = False
+    replaying = False
+
+    def __init__(
+        self,
+        path: str,
+        from_start: bool,
+        backlog_bytes: int,
+        max_line_bytes: int,
+        counters: KmsgCounters,
+    ) -> None:
+        self.path = path
+        self.counters = counters
+        self.backlog = backlog_bytes if from_start else 0
+        self.max_line = max_line_bytes
+        self.fd: int | None = None
+        self.ident: tuple[int, int] | None = None
+        self.opened_once = False
+        self.appeared = False  # it was missing at the first try
+        self.pos = 0
+        self.buf = bytearray()
+        self.skipping = False  # dropping the rest of a line that was cut
+        self.pending: list[bytes] = []  # lines read past a poll's max_lines
+
+    def _open(self, first: bool) -> bool:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if self.opened_once:
+                return False  # rotated away: wait for the new file
+            self.appeared = True  # when it appears, it is read from its beginning
+            raise FileNotFoundError(f"{self.path}: no such file") from None
+        except PermissionError as exc:
+            raise PermissionError(f"cannot read {self.path}: {exc.strerror}") from None
+        st = os.fstat(fd)
+        self.fd, self.ident = fd, (st.st_dev, st.st_ino)
+        self.buf.clear()
+        self.skipping = False
+        self.pos = 0
+        if first and stat.S_ISREG(st.st_mode):
+            self.pos = max(0, st.st_size - self.backlog)
+            self.skipping = self.pos > 0 and self.backlog > 0  # the first line is partial
+            os.lseek(fd, self.pos, os.SEEK_SET)
+        self.opened_once = True
+        return True
+
+    def prime(self) -> None:
+        """Open now, so that "from the end" means from the source's creation; an error
+        is raised by the next read instead (a missing file is read from its beginning
+        once it appears)."""
+        with contextlib.suppress(OSError):
+            self._open(first=True)
+
+    def _lines(self, data: bytes, out: list[bytes]) -> None:
+        start = 0
+        while True:
+            end = data.find(b"\n", start)
+            if end < 0:
+                break
+            if self.skipping:
+                self.skipping = False
+            else:
+                self._emit(self.buf + data[start:end] if self.buf else data[start:end], out)
+            self.buf.clear()
+            start = end + 1
+        if self.skipping:
+            return
+        self.buf += data[start:]
+        if len(self.buf) > self.max_line:
+            self._emit(bytes(self.buf), out)
+            self.buf.clear()
+            self.skipping = True
+
+    def _emit(self, line: bytes | bytearray, out: list[bytes]) -> None:
+        if len(line) > self.max_line:
+            line = line[: self.max_line]
+            self.counters.truncated += 1
+        out.append(bytes(line).rstrip(b"\r"))
+
+    def _rotated(self) -> bool:
+        """Whether the path now names another file (or was truncated): then reopen."""
+        assert self.fd is not None
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False  # removed, the new one not there yet: keep the old one
+        if (st.st_dev, st.st_ino) != self.ident:
+            return True
+        return os.fstat(self.fd).st_size < self.pos  # truncated in place (copytruncate)
+
+    def read(self, max_lines: int) -> list[bytes]:
+        out, self.pending = self.pending, []
+        first = not self.opened_once and not self.appeared
+        if self.fd is None and not self._open(first):
+            return self._bounded(out, max_lines)
+        while len(out) < max_lines:
+            assert self.fd is not None
+            data = os.read(self.fd, _FILE_READ)
+            if data:
+                self.pos += len(data)
+                self._lines(data, out)
+                continue
+            if not self._rotated():
+                break
+            if self.buf and not self.skipping:
+                self._emit(bytes(self.buf), out)  # the old file's last, unterminated line
+            self.close()
+            self.counters.reopened += 1
+            if not self._open(first=False):
+                break
+        return self._bounded(out, max_lines)
+
+    def _bounded(self, lines: list[bytes], max_lines: int) -> list[bytes]:
+        """The first ``max_lines`` of ``lines``; the rest (at most one read's worth) wait
+        for the next poll."""
+        self.pending = lines[max_lines:]
+        return lines[:max_lines]
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+# -- the source -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class KmsgCounters:
+    """Counts for metrics: every line read lands in ``lines`` and at most one other."""
+
+    lines: int = 0  # records or lines read
+    parsed: int = 0  # lines that said something about a device's health
+    malformed: int = 0  # fault lines (or /dev/kmsg records) that could not be read
+    unknown_device: int = 0  # fault lines naming no PCI address that can be read
+    overflow: int = 0  # fault lines for a new device past max_devices
+    foreign: int = 0  # records user space wrote to /dev/kmsg (ignored)
+    lost: int = 0  # records the kernel overwrote before they were read
+    truncated: int = 0  # lines cut at max_line_bytes
+    reopened: int = 0  # rotations and truncations of a followed file
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class _Device:
+    until: float = -math.inf  # the fault is latched until then
+    fault: str = ""  # the latched fault's message
+    note: str = ""  # shown once on the next poll
+    seen: float = 0.0
+
+
+def _positive(name: str, value: float) -> float:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+    return float(value)
+
+
+def _count(name: str, value: int) -> int:
+    if not (isinstance(value, int) and value > 0):
+        raise ValueError(f"{name} must be a positive integer, not {value!r}")
+    return value
+
+
+class KmsgSource:
+    """See the module docstring. ``poll`` never blocks on the log: it reads what is
+    there (at most ``max_lines``) and answers."""
+
+    def __init__(
+        self,
+        path: str = "/dev/kmsg",
+        *,
+        name: str = "kmsg",
+        by: str = "pciBusID",
+        interval: float = 0.02,
+        timeout: float = 30.0,
+        clear_after: float | None = 600.0,
+        from_start: bool | None = None,
+        backlog_bytes: int = 1 << 20,
+        max_lines: int = 5000,
+        max_line_bytes: int = 4096,
+        max_devices: int = 256,
+        informational_xids: Iterable[int] = APPLICATION_XIDS,
+        fatal_xids: Iterable[int] = (),
+        kernel_only: bool = True,
+        format: Literal["auto", "kmsg", "text"] = "auto",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not path:
+            raise ValueError("path must name /dev/kmsg or a log file")
+        if format not in ("auto", "kmsg", "text"):
+            raise ValueError(f"format must be auto, kmsg or text, not {format!r}")
+        self.name = name
+        self.by = by
+        self.path = path
+        self.interval = _positive("interval", interval)
+        self.timeout = _positive("timeout", timeout)
+        self.clear_after = None if clear_after is None else _positive("clear_after", clear_after)
+        self.max_lines = _count("max_lines", max_lines)
+        self.max_devices = _count("max_devices", max_devices)
+        _count("max_line_bytes", max_line_bytes)
+        _count("backlog_bytes", backlog_bytes)
+        self.informational = frozenset(informational_xids) - frozenset(fatal_xids)
+        self.fatal = frozenset(fatal_xids)
+        self.kernel_only = kernel_only
+        self.counters = KmsgCounters()
+        self._clock = clock
+        if format == "auto":
+            try:
+                format = "kmsg" if stat.S_ISCHR(os.stat(path).st_mode) else "text"
+            except OSError:
+                format = "text"  # a file that is not there yet
+        if format == "kmsg":
+            start = True if from_start is None else from_start
+            self._reader: _KmsgReader | _FileFollower = _KmsgReader(path, start, self.counters)
+        else:
+            self._reader = _FileFollower(
+                path, bool(from_start), backlog_bytes, max_line_bytes, self.counters
+            )
+        self._reader.prime()
+        self._devices: dict[str, _Device] = {}
+        self._last_seq: int | None = None
+        self._fallen: tuple[str, int] | None = None  # (address, lines left) of a notice
+        self._signals: list[Signal] = []
+        self._dirty = True
+        self._next_change = math.inf
+
+    # -- reading -----------------------------------------------------------------------
+
+    def poll(self) -> list[Signal]:
+        """Read what the log gained since the last poll; every device's health now."""
+        replaying = self._reader.replaying
+        raw = self._reader.read(self.max_lines)
+        if raw:
+            now = self._clock()
+            # the kernel's clock for the age of replayed records (CLOCK_MONOTONIC, as printk)
+            kernel_now = time.clock_gettime(time.CLOCK_MONOTONIC) if replaying else 0.0
+            for line in raw:
+                self._line(line, now, kernel_now if replaying else None)
+        return self._answer(self._clock())
+
+    def _line(self, raw: bytes, now: float, kernel_now: float | None) -> None:
+        counters = self.counters
+        counters.lines += 1
+        record = _record(raw, self._reader.headed)
+        if record is None:
+            counters.malformed += 1
+            return
+        if record.seq is not None and self._reader.headed:
+            last, self._last_seq = self._last_seq, record.seq
+            if last is not None and record.seq > last + 1:
+                counters.lost += record.seq - last - 1
+        if record.facility and self.kernel_only:
+            counters.foreign += 1
+            return
+        text = self._join_fallen(record.text)
+        try:
+            event = parse_kernel_message(text, self.informational, self.fatal)
+        except MalformedLine:
+            counters.malformed += 1
+            return
+        if event is None:
+            return
+        if event.address is None:
+            counters.unknown_device += 1
+            return
+        age = 0.0
+        if kernel_now is not None and record.usec is not None:
+            age = max(0.0, kernel_now - record.usec / 1e6)
+        if self._apply(event, event.address, now, now - age):
+            counters.parsed += 1
+        else:
+            counters.overflow += 1
+
+    def _join_fallen(self, text: str) -> str:
+        """The driver's fallen-off-the-bus notice may come as three lines (records); the
+        line that says it is joined to the one that named the GPU."""
+        head = _FALLEN_HEAD.search(text) if "The NVIDIA GPU" in text else None
+        if head is not None:
+            self._fallen = (head.group("addr"), 3)
+            return text
+        if self._fallen is None:
+            return text
+        address, left = self._fallen
+        if "fallen off the bus" in text:
+            self._fallen = None
+            return f"NVRM: The NVIDIA GPU {address} {text}"
+        self._fallen = (address, left - 1) if left > 1 else None
+        return text
+
+    def _apply(self, event: KernelEvent, address: str, now: float, at: float) -> bool:
+        device = self._devices.get(address)
+        if device is None:
+            if len(self._devices) >= self.max_devices and not self._evict(now):
+                return False
+            device = self._devices[address] = _Device()
+        device.seen = now
+        self._dirty = True
+        if event.recovered:
+            if device.until > now:
+                device.until, device.fault = -math.inf, ""
+            device.note = event.message
+        elif event.health is Health.UNHEALTHY:
+            until = math.inf if self.clear_after is None else at + self.clear_after
+            if until > now and until >= device.until:
+                device.until, device.fault = until, event.message
+        elif at >= now:  # informational: shown once, unless it is replayed history
+            device.note = event.message
+        return True
+
+    def _evict(self, now: float) -> bool:
+        """Make room by forgetting the device seen longest ago whose fault is over."""
+        idle = [(d.seen, a) for a, d in self._devices.items() if d.until <= now]
+        if not idle:
+            return False
+        del self._devices[min(idle)[1]]
+        return True
+
+    # -- answering ---------------------------------------------------------------------
+
+    def _answer(self, now: float) -> list[Signal]:
+        if not self._dirty and now < self._next_change:
+            return list(self._signals)
+        signals: list[Signal] = []
+        next_change = math.inf
+        for address, device in self._devices.items():
+            if device.until > now:
+                next_change = min(next_change, device.until)
+                signals.append(Signal(self.by, address, Health.UNHEALTHY, device.fault))
+                continue
+            message, device.note = device.note, ""
+            if device.fault:
+                message = message or (
+                    f"recovered: no fatal kernel-log line for {self.clear_after:g} s "
+                    f"after {device.fault}"
+                )
+                device.fault = ""
+            if message:
+                next_change = now  # the one-time message goes on the next poll
+            signals.append(Signal(self.by, address, Health.HEALTHY, message))
+        self._signals, self._dirty, self._next_change = signals, False, next_change
+        return list(signals)
+
+    def health_by_address(self) -> dict[str, Health]:
+        """Each device a line named (by PCI address) and its health now."""
+        now = self._clock()
+        return {
+            a: Health.UNHEALTHY if d.until > now else Health.HEALTHY
+            for a, d in self._devices.items()
+        }
+
+    def close(self) -> None:
+        """Stop reading (the next poll opens the log again)."""
+        self._reader.close()
