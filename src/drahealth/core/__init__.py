@@ -8,6 +8,7 @@ asyncio, aiohttp, lightkube or httpx).
 from drahealth.core._aftercare import Aftercare, Notice, RepairRun, repair_env
 from drahealth.core._attach import (
     POD_CONDITION_TYPE,
+    UNLISTED_CHOICES,
     AttachedHealth,
     AttachIndex,
     KeySpec,
@@ -291,6 +292,7 @@ __all__ = [
     "REMEDIATION_MARKERS",
     "REMEDIATION_MODES",
     "SAVE_LAG_MAX_SECONDS",
+    "UNLISTED_CHOICES",
     "XID_TEXT",
     "Action",
     "Aftercare",

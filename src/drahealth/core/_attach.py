@@ -20,7 +20,7 @@ drahealth does not own publishes (NVIDIA's, Intel's, any DRA driver):
   where the kubelet writes none.
 
 Which attribute a signal is matched on (first that applies): the source's configured
-key; the signal's own ``by`` when the driver's devices publish that attribute (with or
+``match``; the signal's own ``by`` when the driver's devices publish that attribute (with or
 without a domain; ``name`` is the device's name); the driver's configured key; for a
 signal keyed by a PCI address, the one PCI-address attribute the devices publish.
 
@@ -52,7 +52,7 @@ __all__ = [
     "MAX_SIGNALS_PER_POLL",
     "POD_CONDITION_MESSAGE_MAX",
     "POD_CONDITION_TYPE",
-    "UNLISTED",
+    "UNLISTED_CHOICES",
     "AttachIndex",
     "AttachedHealth",
     "KeySpec",
@@ -78,7 +78,7 @@ MAX_REMEMBERED_PROBLEMS: Final = 1024
 #: What a source's silence about a device means: ``ignore`` (nothing: the source only
 #: speaks of devices it has news about, like the kernel log) or ``unknown`` (a source
 #: that lists every device it sees, like NVML: a device it does not list reads Unknown).
-UNLISTED: Final = ("ignore", "unknown")
+UNLISTED_CHOICES: Final = ("ignore", "unknown")
 
 AttributeValue = str | int | bool
 
@@ -292,14 +292,14 @@ class AttachIndex:
 class SourceSpec:
     """One attached source as the health rules see it.
 
-    ``name`` prefixes its messages; ``timeout`` is its lease (seconds); ``key``
-    overrides the attribute its signals are matched on; ``unlisted``: see
-    :data:`UNLISTED`.
+    ``name`` prefixes its messages; ``timeout`` is its lease (seconds); ``match``
+    is the attribute its signals are matched on, whatever they say; ``unlisted``: see
+    :data:`UNLISTED_CHOICES`.
     """
 
     name: str
     timeout: float
-    key: KeySpec | None = None
+    match: KeySpec | None = None
     unlisted: Literal["ignore", "unknown"] = "ignore"
 
     def __post_init__(self) -> None:
@@ -307,8 +307,10 @@ class SourceSpec:
             raise ValueError("source name must not be empty")
         if not (isinstance(self.timeout, int | float) and 0 < self.timeout < float("inf")):
             raise ValueError(f"source {self.name}: timeout must be > 0 seconds")
-        if self.unlisted not in UNLISTED:
-            raise ValueError(f"source {self.name}: unlisted must be one of {', '.join(UNLISTED)}")
+        if self.unlisted not in UNLISTED_CHOICES:
+            raise ValueError(
+                f"source {self.name}: unlisted must be one of {', '.join(UNLISTED_CHOICES)}"
+            )
 
 
 @dataclass(slots=True)
@@ -363,6 +365,9 @@ class AttachedHealth:
         now = clock()
         self.sources: dict[str, SourceState] = {s.name: SourceState(s, now) for s in sources}
         self.index = AttachIndex(driver)
+        #: Grows whenever an answer may change a device's health (a new opinion, a first
+        #: answer, a new index); leases that end do not move it (see next_deadline).
+        self.version = 0
 
     # -- input ---------------------------------------------------------------------
 
@@ -370,6 +375,7 @@ class AttachedHealth:
         """The driver's devices changed: opinions of devices gone are forgotten, and
         keys reported as matching nothing may match now (reported again if not)."""
         self.index = index
+        self.version += 1
         for state in self.sources.values():
             for key in [k for k in state.opinions if k not in index]:
                 del state.opinions[key]
@@ -380,6 +386,8 @@ class AttachedHealth:
         before (a key that matches no device, or several)."""
         state = self.sources[source]
         now = self._clock()
+        if not state.answered or now - state.last_answer > state.spec.timeout:
+            self.version += 1  # its first answer, or its first after a silence
         state.polls += 1
         state.answered = True
         state.last_answer = now
@@ -413,16 +421,26 @@ class AttachedHealth:
             if not text and signal.health is not Health.HEALTHY:
                 text = signal.health.value
             message = f"{source}: {text}" if text else ""
-            state.opinions[key] = _Opinion(signal.health, message, deadline)
+            self._hold(state, key, _Opinion(signal.health, message, deadline), now)
         if state.spec.unlisted == "unknown":
             for key in self.index.devices():
                 held_opinion = state.opinions.get(key)
                 if key in best or (held_opinion is not None and self._live(held_opinion, now)):
                     continue
-                state.opinions[key] = _Opinion(
-                    Health.UNKNOWN, f"{source}: does not report this device", None
-                )
+                unlisted = _Opinion(Health.UNKNOWN, f"{source}: does not report this device", None)
+                self._hold(state, key, unlisted, now)
         return problems
+
+    def _hold(self, state: SourceState, key: DeviceKey, opinion: _Opinion, now: float) -> None:
+        held = state.opinions.get(key)
+        if (
+            held is None
+            or held.health is not opinion.health
+            or held.message != opinion.message
+            or (held.deadline is not None and now > held.deadline)
+        ):
+            self.version += 1
+        state.opinions[key] = opinion
 
     def failed(self, source: str, error: str) -> None:
         """A poll of ``source`` raised: nothing is refreshed (its leases run down)."""
@@ -434,15 +452,15 @@ class AttachedHealth:
     # -- rules ---------------------------------------------------------------------
 
     def _match_all(self, spec: SourceSpec) -> bool:
-        chosen = spec.key or self.key
+        chosen = spec.match or self.key
         return chosen is not None and chosen.match_all
 
     def _match(self, spec: SourceSpec, signal: Signal) -> tuple[tuple[DeviceKey, ...], str]:
         """The devices ``signal`` names and the attribute it was looked up in."""
         by = signal.by if isinstance(signal.by, str) else str(signal.by)
         index = self.index
-        if spec.key is not None:
-            attribute = spec.key.attribute
+        if spec.match is not None:
+            attribute = spec.match.attribute
         elif index.resolve_attribute(by) is not None:
             attribute = by
         elif self.key is not None:

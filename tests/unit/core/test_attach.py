@@ -159,12 +159,18 @@ def test_a_signal_marks_the_device_by_attribute_and_the_rest_stay_healthy() -> N
         "gpu-3": ("Healthy", ""),
     }
     assert h.reports(7)[0] == ReportedDevice(NODE, "gpu-0", H, "", 7)
+    # the version says when reports may have changed; the same answer again does not move it
+    version = h.version
+    h.observe("kmsg", [Signal("pciBusID", "PCI:0000:1a:00", U, "XID 79 fell off")])
+    assert h.version == version
+    h.observe("kmsg", [Signal("pciBusID", "PCI:0000:1a:00", H, "")])
+    assert h.version == version + 1
 
 
 def test_matching_order_source_key_own_attribute_driver_key_pci_kind() -> None:
     h, _ = health(
         SourceSpec("nvml", 30),  # signals by uuid: the devices publish it
-        SourceSpec("pci", 30, key=KeySpec("index")),  # its own key wins over by
+        SourceSpec("pci", 30, match=KeySpec("index")),  # its own key wins over by
         SourceSpec("kmsg", 30),  # by pciBusID: no such attribute, the PCI kind finds it
     )
     h.observe("nvml", [Signal("uuid", "GPU-00000000-AAAA", U, "lost")])
