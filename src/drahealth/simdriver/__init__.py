@@ -50,6 +50,7 @@ if TYPE_CHECKING:
         request,
         request_sync,
     )
+    from drahealth.simdriver._fake_dcgm import FakeDcgmExporter, FakeDcgmGpu
     from drahealth.simdriver._nvidia import (
         DEFAULT_NVIDIA_RELEASE,
         KERNEL_LOG_NAME,
@@ -70,6 +71,7 @@ _APP = "drahealth.simdriver._app"
 _CONTROL = "drahealth.simdriver._control"
 _CLIENT = "drahealth.simdriver._control_client"
 _NVIDIA = "drahealth.simdriver._nvidia"
+_DCGM = "drahealth.simdriver._fake_dcgm"
 
 #: public name -> module that defines it
 _EXPORTS: dict[str, str] = {
@@ -113,6 +115,8 @@ _EXPORTS: dict[str, str] = {
     "sim_nvidia_gpus": _NVIDIA,
     "sim_nvidia_pool": _NVIDIA,
     "xid_line": _NVIDIA,
+    "FakeDcgmExporter": _DCGM,
+    "FakeDcgmGpu": _DCGM,
 }
 
 __all__ = [
@@ -132,6 +136,8 @@ __all__ = [
     "TAINT_STORE_NAME",
     "ControlError",
     "ControlServer",
+    "FakeDcgmExporter",
+    "FakeDcgmGpu",
     "KernelLog",
     "ProfileAction",
     "SampleDriver",

@@ -7,7 +7,9 @@ AER, link, driver), :class:`ExecProbe` and :class:`FileProbe` (vendor tools), an
 :class:`NvmlSource` (NVIDIA GPUs through NVML, the ``drahealth[nvml]`` extra). Sources
 for devices of drivers drahealth does not own implement
 :class:`~drahealth.sources._attached.AttachedSource` instead (signals keyed by a device
-attribute): :class:`KmsgSource` (XID lines of the kernel log).
+attribute): :class:`KmsgSource` (XID lines of the kernel log),
+:class:`DcgmExporterSource` (a dcgm-exporter ``/metrics`` endpoint) and
+:class:`NvmlAttachedSource` (NVML in the agent, keyed by GPU UUID or PCI bus ID).
 """
 
 from __future__ import annotations
@@ -21,23 +23,35 @@ from drahealth.sources._pci import AerThresholds, PciDevice, PciSource, list_pci
 from drahealth.sources._probe import ExecProbe, FileProbe
 
 if TYPE_CHECKING:
+    from drahealth.sources._dcgm import DcgmExporterSource, DcgmScrapeError, DcgmThresholds
     from drahealth.sources._kmsg import KmsgSource
+    from drahealth.sources._nvml_attached import NvmlAttachedSource, NvmlUnavailable
 
 #: Attached sources (keyed by device attribute, for other drivers' devices): public name
 #: -> defining module, imported on first use (PEP 562).
 _EXPORTS: dict[str, str] = {
     "KmsgSource": "drahealth.sources._kmsg",
+    "DcgmExporterSource": "drahealth.sources._dcgm",
+    "DcgmScrapeError": "drahealth.sources._dcgm",
+    "DcgmThresholds": "drahealth.sources._dcgm",
+    "NvmlAttachedSource": "drahealth.sources._nvml_attached",
+    "NvmlUnavailable": "drahealth.sources._nvml_attached",
 }
 
 __all__ = [
     "AerThresholds",
+    "DcgmExporterSource",
+    "DcgmScrapeError",
+    "DcgmThresholds",
     "ExecProbe",
     "FileProbe",
     "GpuDevice",
     "HealthSource",
     "KmsgSource",
+    "NvmlAttachedSource",
     "NvmlSource",
     "NvmlThresholds",
+    "NvmlUnavailable",
     "PciDevice",
     "PciSource",
     "discover_gpus",
