@@ -138,6 +138,14 @@ __all__ = ["agent_command"]
     help="Kubelet mode: a directory of CDI spec files (repeatable) [default: /etc/cdi and "
     "/var/run/cdi].",
 )
+@click.option(
+    "--attach",
+    "attach_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Attached health sources for devices of drivers that stream no health (NVIDIA's): "
+    "a YAML file naming the drivers and their sources (docs/agent.md). Needs API access.",
+)
 @click.option("--resync-interval", type=click.FloatRange(min=0.1), default=60.0, hidden=True)
 @click.option("--probe-interval", type=click.FloatRange(min=0.05), default=10.0, hidden=True)
 @API_CHECK_INTERVAL
@@ -161,6 +169,7 @@ def agent_command(
     podresources_socket: str,
     podresources_interval: float,
     cdi_dirs: tuple[str, ...],
+    attach_file: str | None,
     resync_interval: float,
     probe_interval: float,
     api_check_interval: float,
@@ -194,14 +203,28 @@ def agent_command(
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
+    attach = None
+    if attach_file is not None:
+        from drahealth.node import AttachConfigError, load_attach_config
+
+        if not kubeconfig and not in_cluster:
+            raise click.UsageError("--attach needs API access: --kubeconfig or --in-cluster")
+        try:
+            attach = load_attach_config(attach_file)
+        except AttachConfigError as exc:
+            raise click.UsageError(str(exc)) from exc
     try:
-        asyncio.run(_run(config, kubeconfig, in_cluster, api_check_interval))
+        asyncio.run(_run(config, kubeconfig, in_cluster, api_check_interval, attach))
     except (KubeConfigError, ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from exc
 
 
 async def _run(
-    config: object, kubeconfig: str | None, in_cluster: bool, api_check_interval: float
+    config: object,
+    kubeconfig: str | None,
+    in_cluster: bool,
+    api_check_interval: float,
+    attach: object = None,
 ) -> None:
     from drahealth.node import AgentConfig, NodeAgent
 
@@ -214,7 +237,11 @@ async def _run(
     os.makedirs(config.registry_dir, exist_ok=True)
     from drahealth.cli._readiness import ApiCheck, agent_readiness, all_of
 
-    agent = NodeAgent(config, client, say=click.echo)
+    if attach is not None:
+        from drahealth.node import AttachConfig
+
+        assert isinstance(attach, AttachConfig)
+    agent = NodeAgent(config, client, say=click.echo, attach=attach)
     api_check = ApiCheck(client, max_age=api_check_interval) if client is not None else None
     stop = asyncio.Event()
     with on_stop_signals(stop.set):

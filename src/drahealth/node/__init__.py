@@ -15,17 +15,41 @@ from drahealth._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from drahealth.node._agent import NodeAgent
+    from drahealth.node._attach_config import (
+        SOURCE_KINDS,
+        AttachConfig,
+        AttachConfigError,
+        constructs,
+        load_attach_config,
+        parse_attach_config,
+    )
     from drahealth.node._config import AgentConfig, kubelet_settings
 
 #: public name -> module that defines it; imported on first use (PEP 562), so a part
 #: that only needs the settings does not load gRPC and the Kubernetes client.
 _EXPORTS: dict[str, str] = {
     "AgentConfig": "drahealth.node._config",
+    "AttachConfig": "drahealth.node._attach_config",
+    "AttachConfigError": "drahealth.node._attach_config",
+    "SOURCE_KINDS": "drahealth.node._attach_config",
+    "constructs": "drahealth.node._attach_config",
+    "load_attach_config": "drahealth.node._attach_config",
+    "parse_attach_config": "drahealth.node._attach_config",
     "NodeAgent": "drahealth.node._agent",
     "kubelet_settings": "drahealth.node._config",
 }
 
-__all__ = ["AgentConfig", "NodeAgent", "kubelet_settings"]
+__all__ = [
+    "SOURCE_KINDS",
+    "AgentConfig",
+    "AttachConfig",
+    "AttachConfigError",
+    "NodeAgent",
+    "constructs",
+    "kubelet_settings",
+    "load_attach_config",
+    "parse_attach_config",
+]
 
 
 __getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

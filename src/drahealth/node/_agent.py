@@ -10,7 +10,9 @@ which starts the parts in dependency order and stops them in reverse:
    status) or ``observer`` (:class:`~drahealth.node._observer.ObserverMode`, beside a
    real kubelet: Events, metrics and post-mortem records, never pod status);
 5. the device-health ConfigMap of the node (when the agent has API access);
-6. the metrics endpoint.
+6. attached health sources (``attach``: devices of drivers that stream no health, see
+   :mod:`drahealth.node._attached`);
+7. the metrics endpoint.
 
 Problems found at start (a corrupt store or checkpoint, quarantined) are logged and
 kept in :attr:`NodeAgent.problems`.
@@ -21,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from lightkube import AsyncClient
 
@@ -36,6 +38,10 @@ from drahealth.node._pipeline import HealthPipeline
 from drahealth.node._publish import DeviceHealthPublisher
 from drahealth.node._registry import PluginRegistry
 from drahealth.node._watcher import PluginWatcher
+
+if TYPE_CHECKING:
+    from drahealth.node._attach_config import AttachConfig
+    from drahealth.node._attached import AttachedSources
 
 __all__ = ["AgentConfig", "NodeAgent"]
 
@@ -60,9 +66,15 @@ class NodeAgent:
         client: AsyncClient | None,
         *,
         say: Callable[[str], None] | None = None,
+        attach: AttachConfig | None = None,
     ) -> None:
         if config.mode == "kubelet" and client is None:
             raise ValueError("kubelet mode needs API access (a kubeconfig)")
+        if attach is not None and client is None:
+            raise ValueError(
+                "attached sources need API access (the driver's ResourceSlices): "
+                "--kubeconfig or --in-cluster"
+            )
         self.config = config
         self.client = client
         self._say = say or (lambda _msg: None)
@@ -115,6 +127,21 @@ class NodeAgent:
         self.mode: Mode | None = None
         self.metrics_server: MetricsServer | None = None
         self._started: list[str] = []
+        self.attached: AttachedSources | None = None
+        if attach is not None:
+            from drahealth.node._attached import AttachedSources, mode_covers
+
+            assert client is not None
+            self.attached = AttachedSources(
+                attach,
+                client,
+                config.node_name,
+                self.pipeline,
+                self.events,
+                registry=self.metrics.registry,
+                covered=lambda key, ns, name, uid: mode_covers(self.mode, key, ns, name, uid),
+                has_stream=lambda driver: self.registry.active_health(driver) is not None,
+            )
 
     async def start(self) -> None:
         os.makedirs(self.config.state_dir, mode=0o700, exist_ok=True)
@@ -172,12 +199,17 @@ class NodeAgent:
         if self.publisher is not None:
             self.pipeline.add_listener(self.publisher.on_changes)
             await self.publisher.start()
+        if self.attached is not None:
+            await self.attached.start()
+            self._started.append("attached")
         if self.config.metrics_port is not None:
             self.metrics_server = MetricsServer(self.metrics.registry)
             await self.metrics_server.start(self.config.metrics_host, self.config.metrics_port)
             self._say(f"metrics: {self.metrics_server.url}")
 
     async def stop(self) -> None:
+        if "attached" in self._started and self.attached is not None:
+            await self.attached.stop()
         if self.publisher is not None:
             await self.publisher.stop()
         if self.metrics_server is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from drahealth._lazy import lazy_exports
+from drahealth.sources._attached import AttachedSource
 from drahealth.sources._base import HealthSource, run_source, unknown_all
 from drahealth.sources._nvml import GpuDevice, NvmlSource, NvmlThresholds, discover_gpus
 from drahealth.sources._pci import AerThresholds, PciDevice, PciSource, list_pci_devices
@@ -40,6 +41,7 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "AerThresholds",
+    "AttachedSource",
     "DcgmExporterSource",
     "DcgmScrapeError",
     "DcgmThresholds",
