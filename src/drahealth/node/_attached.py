@@ -142,8 +142,9 @@ class DriverAttachment:
         self._counted = False
         #: True once the devices' health went to the pipeline.
         self.ready = False
-        #: Reports handed to the pipeline.
+        #: Reports handed to the pipeline, and turns of the loop (deadlines, heartbeats).
         self.reports = 0
+        self.wakeups = 0
 
     async def start(self) -> None:
         await self.slices.start()
@@ -173,6 +174,7 @@ class DriverAttachment:
         )
         while True:
             self._wake.clear()
+            self.wakeups += 1
             if self._index_dirty:
                 self._rebuild()
             self.publish()
@@ -249,7 +251,10 @@ class DriverAttachment:
         self._due = self.health.next_deadline()
         reports = self.health.reports(self.lease)
         if not reports and self._last is None:
-            return  # no source has answered yet: nothing to say (and nothing to flash)
+            # no source has answered yet: nothing to say (and nothing to flash); look
+            # again when a lease ends (a silent source) or at the next heartbeat
+            self._refresh_at = now + self.lease / 3
+            return
         if reports == self._last and now < self._refresh_at:
             return
         if not self._stream_warned and self._has_stream(self.driver):

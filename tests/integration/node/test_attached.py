@@ -10,6 +10,7 @@ without touching anything the kubelet writes; metrics.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -214,6 +215,31 @@ async def test_poll_failures_let_the_lease_run_down(world: World) -> None:
         'drahealth_node_attached_source_up{driver="gpu.nvidia.com",node="node-1",source="fake"} 1.0'
         in text
     )
+
+
+async def test_a_source_failing_from_the_start_reports_nothing_until_its_timeout(
+    client: AsyncClient, tmp_path: Path
+) -> None:
+    await client.create(nvidia_slice())
+    w = World(client, tmp_path)
+    w.fake.error = w.second.error = "no kernel log"
+    await w.pipeline.start()
+    await w.attached.start()
+    try:
+        attachment = w.attached.drivers[NV]
+        await eventually(lambda: w.fake.polls >= 5, 5, "the sources polled")
+        assert w.all_health() == {}  # nothing answered: nothing claimed, nothing Healthy
+        wakeups = attachment.wakeups
+        await asyncio.sleep(0.3)  # a window to count loop turns in, not a timing assertion
+        assert attachment.wakeups - wakeups <= 3, "the loop spins while nothing answers"
+        got = await eventually(
+            lambda: (h := w.all_health()).get("gpu-0", ("",))[0] == "Unknown" and h,
+            5, "Unknown once the first source's timeout passed",
+        )  # fmt: skip
+        assert got["gpu-0"][1] == "fake: no answer yet for 0.6 s: OSError: no kernel log"
+    finally:
+        await w.attached.stop()
+        await w.pipeline.stop()
 
 
 async def test_unmatched_and_ambiguous_keys_are_counted(world: World) -> None:
