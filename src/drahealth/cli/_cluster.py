@@ -4,7 +4,9 @@ Owns :class:`LocalCluster`: the embedded API server and the control plane's stan
 and remediation controller in this process; per simulated node a sample GPU driver
 (``drahealth driver``) and a node agent (``drahealth agent --mode kubelet``) as real
 subprocesses, each with its own registry, plugin, CDI and state directories under the
-work directory. ``start()`` returns once every node's ResourceSlice is published;
+work directory. Which driver runs (name, profile options) and what the agents get on top
+(``--attach`` configs) are parameters: ``drahealth demo --profile nvidia`` runs the
+simulated NVIDIA driver. ``start()`` returns once every node's ResourceSlice is published;
 ``stop()`` stops everything (agents first, then drivers, then the control plane).
 """
 
@@ -15,6 +17,7 @@ import contextlib
 import os
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -66,8 +69,19 @@ class LocalCluster:
         lease: int = 5,
         port: int = 0,
         profile: KubeProfile | None = None,
+        driver: str = DRIVER,
+        driver_args: Callable[[NodeProcesses], Sequence[str]] | None = None,
+        agent_args: Callable[[NodeProcesses], Sequence[str]] | None = None,
     ) -> None:
         self.workdir = workdir
+        #: the DRA driver's name, and per node the driver's profile options and the
+        #: agent's extra options (default: the sample GPU driver, nothing extra)
+        self.driver = driver
+        self.driver_args = driver_args or (
+            # where the release drops slice taints, unhealthy GPUs leave the slice
+            lambda _node: ("--profile", "sim-gpu", "--withdraw-unhealthy", "auto")
+        )
+        self.agent_args = agent_args or (lambda _node: ())
         #: the Kubernetes release (and gates) the API server, stand-ins and agents model
         self.profile = profile or kube_profile(NEWEST_KUBE_VERSION)
         self.policy = policy
@@ -109,14 +123,12 @@ class LocalCluster:
         for node in self.nodes:
             node.base.mkdir(parents=True, exist_ok=True)
             node.driver = await self._spawn(node, "driver", [
-                "driver", "--profile", "sim-gpu", "--driver-name", DRIVER,
+                "driver", *self.driver_args(node), "--driver-name", self.driver,
                 "--node-name", node.name, "--devices", str(self.devices),
                 "--registry-dir", str(node.base / "reg"),
                 "--plugins-dir", str(node.base / "plugins"),
                 "--cdi-dir", str(node.base / "cdi"), "--state-dir", node.driver_state,
                 "--kubeconfig", str(self.kubeconfig), "--health-timeout", str(self.lease),
-                # where the release drops slice taints, unhealthy GPUs leave the slice
-                "--withdraw-unhealthy", "auto",
             ])  # fmt: skip
             node.agent = await self._spawn(node, "agent", [
                 "agent", "--mode", "kubelet", "--node-name", node.name,
@@ -124,6 +136,7 @@ class LocalCluster:
                 "--kubeconfig", str(self.kubeconfig), "--restart-grace", "3",
                 "--cdi-dir", str(node.base / "cdi"),
                 "--kube-version", self.profile.version, "--feature-gates", gates,
+                *self.agent_args(node),
             ])  # fmt: skip
         deadline = time.monotonic() + timeout
         for node in self.nodes:

@@ -7,7 +7,9 @@ from a ResourceClaimTemplate, then runs the story a device failure takes: the fa
 reaches the pod status, the controller taints the device NoExecute, the pod is evicted
 and replaced on a healthy device, the device recovers and the taint is removed. Each
 step is observed through the API and printed with its latency. ``--no-script`` leaves
-the cluster running for manual fault injection.
+the cluster running for manual fault injection. ``--profile nvidia`` tells the same story
+beside a simulated NVIDIA DRA driver that streams no health, with the fault caught by a
+kernel-log source attached to its GPUs (``drahealth.cli._demo_nvidia``).
 """
 
 from __future__ import annotations
@@ -122,7 +124,9 @@ class Placement:
         return text + (f' "{self.message}"' if self.message else "")
 
 
-async def _agent_health(client: AsyncClient) -> dict[tuple[str, str], tuple[str, str]]:
+async def _agent_health(
+    client: AsyncClient, driver: str = DRIVER
+) -> dict[tuple[str, str], tuple[str, str]]:
     """(node, pool/device) -> (health, message) from the agents' device-health records.
 
     The records list only devices that are not Healthy (and count the Healthy ones), so a
@@ -130,30 +134,35 @@ async def _agent_health(client: AsyncClient) -> dict[tuple[str, str], tuple[str,
     """
     out: dict[tuple[str, str], tuple[str, str]] = {}
     async for cm in client.list(ConfigMap, namespace=DEFAULT_NAMESPACE, labels=dict(LABELS)):
-        out.update(_record_health(cm.to_dict()))
+        out.update(_record_health(cm.to_dict(), driver))
     return out
 
 
-def _record_health(record: dict[str, Any]) -> dict[tuple[str, str], tuple[str, str]]:
-    """(node, pool/device) -> (health, message) of the sample GPUs in one agent record
+def _record_health(
+    record: dict[str, Any], driver: str = DRIVER
+) -> dict[tuple[str, str], tuple[str, str]]:
+    """(node, pool/device) -> (health, message) of ``driver``'s GPUs in one agent record
     (nothing if the ConfigMap is not an agent's record)."""
     if not is_agent_record(record, DEFAULT_NAMESPACE):
         return {}
     return {
         (obs.node, f"{key.pool}/{key.device}"): (obs.health.value, obs.message)
         for key, obs in decode_devices(record).items()
-        if key.driver == DRIVER
+        if key.driver == driver
     }
 
 
-async def placements(client: AsyncClient, pod_health: bool = True) -> list[Placement]:
+async def placements(
+    client: AsyncClient, pod_health: bool = True, driver: str = DRIVER
+) -> list[Placement]:
     """The live workload pods with their device and its health.
 
     ``pod_health``: the kubelet writes device health into the pod status (from 1.36 by
     default); without it the health comes from the node agent's device-health record,
-    the path a 1.34/1.35 cluster has.
+    the path a 1.34/1.35 cluster has and the only one beside a driver that streams no
+    health (``driver``: whose devices the record is read for).
     """
-    records = {} if pod_health else await _agent_health(client)
+    records = {} if pod_health else await _agent_health(client, driver)
     out = []
     async for pod in client.list(Pod, namespace="default"):
         if pod.metadata is None or pod.metadata.deletionTimestamp or pod.spec is None:
@@ -220,16 +229,25 @@ async def until(
         await asyncio.sleep(0.02)
 
 
-async def deploy(cluster: LocalCluster, timeline: Timeline) -> list[Placement]:
+async def deploy(
+    cluster: LocalCluster,
+    timeline: Timeline,
+    workload: list[dict[str, Any]] | None = None,
+    pod_health: bool | None = None,
+) -> list[Placement]:
+    """Create ``workload`` (default: the sample GPU's) and wait for its two pods to run
+    on Healthy devices (``pod_health``: as the pod status says, default where the
+    release writes it; else as the agents' records say)."""
     client = cluster.client
     assert client is not None
-    pod_health = cluster.profile.kubelet_pod_health
+    if pod_health is None:
+        pod_health = cluster.profile.kubelet_pod_health
     t0 = time.monotonic()
-    for obj in _workload():
+    for obj in workload or _workload():
         await client.create(codecs.from_dict(obj))
 
     async def running() -> list[Placement] | None:
-        now = await placements(client, pod_health)
+        now = await placements(client, pod_health, cluster.driver)
         ok = [p for p in now if p.phase == "Running" and p.health == "Healthy"]
         return ok if len(ok) == 2 else None
 
@@ -286,7 +304,11 @@ async def _eviction_path(client: AsyncClient, pod: str) -> str:
 
 
 async def _first_unhealthy(
-    client: AsyncClient, victim: Placement, pod_health: bool, started: asyncio.Event
+    client: AsyncClient,
+    victim: Placement,
+    pod_health: bool,
+    started: asyncio.Event,
+    driver: str = DRIVER,
 ) -> Placement:
     """The victim as soon as its device shows Unhealthy: in its pod status, or (no pod
     status health on this release) in its node agent's device-health record."""
@@ -305,7 +327,7 @@ async def _first_unhealthy(
             ConfigMap, namespace=DEFAULT_NAMESPACE, labels=dict(LABELS)
         ):
             started.set()
-            health, message = _record_health(cm.to_dict()).get(
+            health, message = _record_health(cm.to_dict(), driver).get(
                 (victim.node, victim.device), ("", "")
             )
             if health == "Unhealthy":
@@ -438,13 +460,20 @@ async def run_demo(
     keep: bool,
     dashboard_port: int = 0,
     profile: KubeProfile | None = None,
+    driver_profile: str = "sample",
 ) -> int:
     from drahealth.web import Dashboard
 
     workdir = Path(tempfile.mkdtemp(prefix="drahealth-demo-"))
-    policy = parse_policy(POLICY, "demo policy")
     profile = profile or kube_profile(NEWEST_KUBE_VERSION)
-    cluster = LocalCluster(workdir, policy, nodes=nodes, port=port, profile=profile)
+    nvidia = driver_profile == "nvidia"
+    if nvidia:
+        from drahealth.cli import _demo_nvidia
+
+        cluster = _demo_nvidia.nvidia_cluster(workdir, nodes=nodes, port=port, profile=profile)
+    else:
+        policy = parse_policy(POLICY, "demo policy")
+        cluster = LocalCluster(workdir, policy, nodes=nodes, port=port, profile=profile)
     timeline = Timeline()
     dashboard: Dashboard | None = None
     # once the demo runs, a stop signal also covers the clean-up below
@@ -457,7 +486,9 @@ async def run_demo(
             devices += len(published.spec.devices or []) if published.spec else 0
         timeline.print(
             "cluster up",
-            f"{nodes} nodes (sample GPU driver + node agent each), {devices} GPUs in "
+            _demo_nvidia.describe(cluster, devices)
+            if nvidia
+            else f"{nodes} nodes (sample GPU driver + node agent each), {devices} GPUs in "
             f"ResourceSlices, scheduler/eviction/ReplicaSet stand-ins, remediation controller; "
             f"{profile.describe()}",
             time.monotonic() - t0,
@@ -474,19 +505,25 @@ async def run_demo(
             f"kubeconfig: {kubeconfig}   (try: kubectl --kubeconfig {kubeconfig} get pods -w)"
         )
         if script:
-            await story(cluster, timeline)
+            await (_demo_nvidia.story if nvidia else story)(cluster, timeline)
             console.print("[green]demo complete[/]")
             return 0
-        await deploy(cluster, timeline)
+        if nvidia:
+            await deploy(cluster, timeline, _demo_nvidia.workload(), pod_health=False)
+        else:
+            await deploy(cluster, timeline)
         first = cluster.nodes[0]
         stop = asyncio.Event()
         signals.enter_context(on_stop_signals(stop.set))
-        console.print(
-            "running; inject a fault with:\n"
-            f"  drahealth inject --state-dir {first.driver_state} gpu-0 unhealthy "
-            f'--message "{FAULT}"\n'
-            "press Ctrl-C to stop"
-        )
+        if nvidia:
+            _demo_nvidia.no_script_hint(cluster)
+        else:
+            console.print(
+                "running; inject a fault with:\n"
+                f"  drahealth inject --state-dir {first.driver_state} gpu-0 unhealthy "
+                f'--message "{FAULT}"\n'
+                "press Ctrl-C to stop"
+            )
         await stop.wait()
         return 0
     except (TimeoutError, RuntimeError) as exc:
@@ -536,14 +573,27 @@ async def run_demo(
     show_default=True,
     help="Dashboard port (0 = any free port).",
 )
+@click.option(
+    "--profile",
+    "driver_profile",
+    type=click.Choice(["sample", "nvidia"]),
+    default="sample",
+    show_default=True,
+    help="sample: drahealth's sample GPU driver streams the health; nvidia: a simulated "
+    "NVIDIA DRA driver streams none, and a kernel-log source attached to its GPUs catches "
+    "the fault.",
+)
 def demo_command(
     port: int, kubeconfig_out: Path | None, script: bool, nodes: int, keep: bool,
-    dashboard_port: int, kube_version: str, feature_gates: str,
+    dashboard_port: int, kube_version: str, feature_gates: str, driver_profile: str,
 ) -> None:  # fmt: skip
     """Run the whole device-health loop on one machine and narrate it."""
     profile = kube_profile_from(kube_version, feature_gates)
     raise SystemExit(
         asyncio.run(
-            run_demo(port, kubeconfig_out, script, nodes, keep, dashboard_port, profile=profile)
+            run_demo(
+                port, kubeconfig_out, script, nodes, keep, dashboard_port, profile=profile,
+                driver_profile=driver_profile,
+            )
         )
-    )
+    )  # fmt: skip
