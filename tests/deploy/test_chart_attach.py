@@ -8,14 +8,16 @@ attached sources say the way docs/nvidia.md describes."""
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import pytest
+import yaml
 
 from drahealth.core import DeviceFacts, Health
 from drahealth.node import parse_attach_config
 from drahealth.remedy import parse_policy
-from tests.deploy._render import render
+from tests.deploy._render import ROOT, render
 from tests.deploy.test_chart import KUBE_SCHEMAS, _grants, docs, nvidia_values, one, validate
 
 ATTACH_FILE = "/etc/drahealth/attach/attach.yaml"
@@ -187,3 +189,44 @@ def test_nvidia_values_without_kmsg_keep_the_agent_unprivileged() -> None:
     _, c = _agent(docs(values))
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     assert "kmsg" not in {m["name"] for m in c["volumeMounts"]}
+
+
+def test_nvml_source_gets_nvidias_runtime_and_no_gpu() -> None:
+    values = {"agent": {"attach": {"config": CONFIG, "nvml": {"enabled": True}}}}
+    pod, c = _agent(docs(values))
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert "runtimeClassName" not in pod  # the node's default runtime
+    assert "resources" not in c or "nvidia.com/gpu" not in str(c["resources"])
+    values["agent"]["attach"]["nvml"]["runtimeClassName"] = "nvidia"
+    manifests = docs(values)
+    validate(manifests)
+    pod, _ = _agent(manifests)
+    assert pod["runtimeClassName"] == "nvidia"
+    _, plain = _agent(docs())
+    assert "NVIDIA_VISIBLE_DEVICES" not in {e["name"] for e in plain["env"]}
+
+
+def _yaml_blocks(text: str) -> list[str]:
+    return re.findall(r"```yaml\n(.*?)```", text, re.S)
+
+
+def test_docs_attach_examples_are_what_the_agent_and_the_chart_take() -> None:
+    """docs/nvidia.md's attach file parses; its values excerpts render and match the
+    values file."""
+    section = (ROOT / "docs" / "nvidia.md").read_text().split("## Health beside NVIDIA's driver")[1]
+    blocks = _yaml_blocks(section.split("\n## ")[0])
+    attach_file, shipped, with_dcgm = blocks[:3]
+    (driver,) = parse_attach_config(attach_file, "nvidia.md").drivers
+    assert [s.kind for s in driver.sources] == ["kmsg", "dcgm", "nvml"]
+    excerpt = yaml.safe_load(shipped)["agent"]
+    values = nvidia_values()["agent"]
+    assert excerpt["mode"] == values["mode"]
+    assert excerpt["attach"] == {k: values["attach"][k] for k in excerpt["attach"]}
+    manifests = docs(render.merge_values(nvidia_values(), yaml.safe_load(with_dcgm)))
+    cm = one(manifests, "ConfigMap", "-agent-attach")
+    kinds = [s.kind for s in parse_attach_config(cm["data"]["attach.yaml"]).drivers[0].sources]
+    assert kinds == ["kmsg", "dcgm"]
+    svc = one(manifests, "Service", "-agent-dcgm")
+    url = parse_attach_config(cm["data"]["attach.yaml"]).drivers[0].sources[1].options["url"]
+    assert url.startswith(f"http://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:")
