@@ -75,6 +75,8 @@ DEVICE_NAME_KEY: Final = "name"
 MAX_SIGNALS_PER_POLL: Final = 65_536
 #: Distinct unmatched or ambiguous keys remembered (so reported once) per source.
 MAX_REMEMBERED_PROBLEMS: Final = 1024
+#: Signal keys whose match is remembered (per index; all forgotten when full).
+MAX_MATCHES_REMEMBERED: Final = 16_384
 #: What a source's silence about a device means: ``ignore`` (nothing: the source only
 #: speaks of devices it has news about, like the kernel log) or ``unknown`` (a source
 #: that lists every device it sees, like NVML: a device it does not list reads Unknown).
@@ -337,6 +339,12 @@ class SourceState:
     ambiguous: int = 0
     dropped: int = 0
     reported: set[tuple[str, str, str]] = field(default_factory=set)
+    #: the last poll's signals and the devices they named (a poll that repeats them, as
+    #: a source at rest does, only refreshes the leases)
+    last_signals: tuple[Signal, ...] | None = None
+    last_named: tuple[DeviceKey, ...] = ()
+    last_refused: tuple[int, int] = (0, 0)  # (unmatched, ambiguous) among them
+    last_failed: bool = False  # the last poll raised
 
 
 class AttachedHealth:
@@ -368,6 +376,8 @@ class AttachedHealth:
         #: Grows whenever an answer may change a device's health (a new opinion, a first
         #: answer, a new index); leases that end do not move it (see next_deadline).
         self.version = 0
+        #: (source, by, value) -> the devices and attribute it matched (per index)
+        self._matches: dict[tuple[str, str, object], tuple[tuple[DeviceKey, ...], str]] = {}
 
     # -- input ---------------------------------------------------------------------
 
@@ -376,15 +386,21 @@ class AttachedHealth:
         keys reported as matching nothing may match now (reported again if not)."""
         self.index = index
         self.version += 1
+        self._matches.clear()
         for state in self.sources.values():
+            state.last_signals = None
             for key in [k for k in state.opinions if k not in index]:
                 del state.opinions[key]
             state.reported.clear()
 
-    def observe(self, source: str, signals: Sequence[Signal]) -> list[str]:
+    def observe(self, source: str, signals: Sequence[Signal], *, repeats: int = 0) -> list[str]:
         """Apply one successful poll of ``source``; returns the problems not reported
-        before (a key that matches no device, or several)."""
+        before (a key that matches no device, or several). ``repeats``: polls since the
+        previous call that gave the previous call's outcome again (counted, not applied:
+        a caller may hand over only changes, and a repeat at least every so often)."""
         state = self.sources[source]
+        self._count_repeats(state, repeats)
+        state.last_failed = False
         now = self._clock()
         if not state.answered or now - state.last_answer > state.spec.timeout:
             self.version += 1  # its first answer, or its first after a silence
@@ -395,7 +411,20 @@ class AttachedHealth:
         if len(signals) > MAX_SIGNALS_PER_POLL:
             state.dropped += len(signals) - MAX_SIGNALS_PER_POLL
             signals = signals[:MAX_SIGNALS_PER_POLL]
+        deadline = now + state.spec.timeout
+        repeated = tuple(signals)
+        if state.spec.unlisted == "ignore" and repeated == state.last_signals:
+            state.signals += len(signals)
+            state.unmatched += state.last_refused[0]
+            state.ambiguous += state.last_refused[1]
+            for key in state.last_named:
+                opinion = state.opinions[key]
+                if opinion.deadline is not None and now > opinion.deadline:
+                    self.version += 1  # it had read Unknown meanwhile
+                opinion.deadline = deadline
+            return []
         problems: list[str] = []
+        refused = (state.unmatched, state.ambiguous)
         best: dict[DeviceKey, Signal] = {}
         match_all = self._match_all(state.spec)
         for signal in signals:
@@ -415,7 +444,9 @@ class AttachedHealth:
                 continue
             if problem is not None:
                 problems.append(problem)
-        deadline = now + state.spec.timeout
+        state.last_signals = repeated
+        state.last_named = tuple(best)
+        state.last_refused = (state.unmatched - refused[0], state.ambiguous - refused[1])
         for key, signal in best.items():
             text = signal.message.strip()
             if not text and signal.health is not Health.HEALTHY:
@@ -442,12 +473,27 @@ class AttachedHealth:
             self.version += 1
         state.opinions[key] = opinion
 
-    def failed(self, source: str, error: str) -> None:
-        """A poll of ``source`` raised: nothing is refreshed (its leases run down)."""
+    def failed(self, source: str, error: str, *, repeats: int = 0) -> None:
+        """A poll of ``source`` raised: nothing is refreshed (its leases run down).
+        ``repeats``: as for :meth:`observe`."""
         state = self.sources[source]
+        self._count_repeats(state, repeats)
+        state.last_failed = True
         state.polls += 1
         state.failures += 1
         state.last_error = error.strip()[:256] or "failed"
+
+    @staticmethod
+    def _count_repeats(state: SourceState, repeats: int) -> None:
+        if repeats <= 0:
+            return
+        state.polls += repeats
+        if state.last_failed:
+            state.failures += repeats
+        elif state.last_signals is not None:
+            state.signals += repeats * len(state.last_signals)
+            state.unmatched += repeats * state.last_refused[0]
+            state.ambiguous += repeats * state.last_refused[1]
 
     # -- rules ---------------------------------------------------------------------
 
@@ -458,6 +504,21 @@ class AttachedHealth:
     def _match(self, spec: SourceSpec, signal: Signal) -> tuple[tuple[DeviceKey, ...], str]:
         """The devices ``signal`` names and the attribute it was looked up in."""
         by = signal.by if isinstance(signal.by, str) else str(signal.by)
+        memo = (spec.name, by, signal.value)
+        try:
+            found = self._matches.get(memo)
+        except TypeError:  # an unhashable value: looked up each time
+            return self._lookup(spec, by, signal.value)
+        if found is None:
+            found = self._lookup(spec, by, signal.value)
+            if len(self._matches) >= MAX_MATCHES_REMEMBERED:
+                self._matches.clear()
+            self._matches[memo] = found
+        return found
+
+    def _lookup(
+        self, spec: SourceSpec, by: str, value: object
+    ) -> tuple[tuple[DeviceKey, ...], str]:
         index = self.index
         if spec.match is not None:
             attribute = spec.match.attribute
@@ -469,7 +530,7 @@ class AttachedHealth:
             attribute = pci
         else:
             attribute = by
-        return index.lookup(attribute, signal.value, hint=by), attribute
+        return index.lookup(attribute, value, hint=by), attribute
 
     def _remember(self, state: SourceState, kind: str, attribute: str, value: str) -> bool:
         """True the first time this problem is seen (up to the bound)."""

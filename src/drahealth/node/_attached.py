@@ -6,10 +6,12 @@ driver of the file (:mod:`drahealth.node._attach_config`) a :class:`DriverAttach
 * watches that driver's ResourceSlices for this node (a reflector with field selectors
   ``spec.nodeName`` and ``spec.driver``) and rebuilds the attribute index
   (:class:`~drahealth.core.AttachIndex`) when they change;
-* polls each of its sources in a worker thread of its own (``poll`` may block, at most
-  one poll per source at a time), a poll starting ``interval`` seconds after the
-  previous one started (a source that waits for news in ``poll`` is polled again at
-  once);
+* polls each of its sources in a thread of its own (:class:`SourcePoller`: ``poll`` may
+  block, at most one poll per source at a time), a poll starting ``interval`` seconds
+  after the previous one started (a source that waits for news in ``poll`` is polled
+  again at once); the thread hands an answer to the event loop only when it differs
+  from the previous one, or to refresh the leases (at least every second), so a source
+  polled fifty times a second at rest wakes the loop about once a second;
 * maps the signals to devices and keeps each source's leases
   (:class:`~drahealth.core.AttachedHealth`), and hands the result to the agent's health
   pipeline as if the driver had streamed it (``HealthPipeline.report``: durable store,
@@ -34,9 +36,9 @@ import asyncio
 import contextlib
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from lightkube import AsyncClient
@@ -66,12 +68,90 @@ from drahealth.node._events import EventRecorder
 from drahealth.node._pipeline import HealthPipeline
 from drahealth.sources import AttachedSource
 
-__all__ = ["AttachedSources", "DriverAttachment", "RunningSource", "mode_covers"]
+__all__ = [
+    "REPEAT_EVERY",
+    "AttachedSources",
+    "DriverAttachment",
+    "RunningSource",
+    "SourcePoller",
+    "mode_covers",
+]
 
 log = logging.getLogger(__name__)
 
 #: A wake-up this much past a lease's end sees it ended (leases end strictly after).
 _PAST = 0.001
+#: A source's thread hands over an unchanged answer at least this often (seconds; and at
+#: least four times per timeout), so its leases stay fresh; changes go over at once.
+REPEAT_EVERY = 1.0
+
+#: What one poll came to: the signals, or the text of the error it raised.
+Outcome = tuple[Signal, ...] | str
+
+
+def _outcome(poll: Callable[[], object]) -> Outcome:
+    """Run one poll; a bad answer (not a list of Signals) counts as a failure."""
+    try:
+        answer = poll()
+        if not isinstance(answer, list):
+            raise TypeError(f"poll returned {type(answer).__name__}, not a list of signals")
+        for item in answer:
+            if not (isinstance(item, Signal) and isinstance(item.health, Health)):
+                raise TypeError(f"poll returned {type(item).__name__} among its signals")
+        return tuple(answer)
+    except Exception as exc:
+        text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return text[:512]
+
+
+class SourcePoller(threading.Thread):
+    """One source's thread: polls it every ``interval`` seconds (``poll`` may block; the
+    next poll starts ``interval`` after the previous one started, at once if it took
+    longer) and hands the outcome to the loop when it differs from the previous one, or
+    when the last hand-over is :data:`REPEAT_EVERY` old. A source at rest therefore
+    costs no wake-up of the event loop per poll."""
+
+    def __init__(
+        self,
+        running: RunningSource,
+        loop: asyncio.AbstractEventLoop,
+        deliver: Callable[[RunningSource, Outcome, int], None],
+        stop: threading.Event,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(name=f"attach-{running.name}", daemon=True)
+        self.running = running
+        self._loop = loop
+        self._deliver = deliver
+        self._halt = stop
+        self._clock = clock
+        self.repeat_every = min(REPEAT_EVERY, running.timeout / 4)
+        #: Polls made and outcomes handed over (for tests and metrics).
+        self.polls = 0
+        self.handovers = 0
+
+    def run(self) -> None:
+        last: Outcome | None = None
+        sent_at = -math.inf
+        repeats = 0
+        interval = self.running.interval
+        while not self._halt.is_set():
+            started = self._clock()
+            outcome = _outcome(self.running.source.poll)
+            self.polls += 1
+            now = self._clock()
+            if outcome != last or now - sent_at >= self.repeat_every:
+                try:
+                    self._loop.call_soon_threadsafe(self._deliver, self.running, outcome, repeats)
+                except RuntimeError:  # the loop is closed: the agent is gone
+                    return
+                self.handovers += 1
+                sent_at, repeats = now, 0
+            else:
+                repeats += 1
+            last = outcome
+            self._halt.wait(max(0.0, started + interval - self._clock()))
 
 
 @dataclass(slots=True)
@@ -100,7 +180,6 @@ class DriverAttachment:
         client: AsyncClient,
         node: str,
         pipeline: HealthPipeline,
-        executor: ThreadPoolExecutor,
         *,
         has_stream: Callable[[str], bool] = lambda _driver: False,
         on_ready: Callable[[str], None] = lambda _driver: None,
@@ -126,7 +205,6 @@ class DriverAttachment:
             name=f"attach-slices:{attach.driver}",
         )
         self.slices.add_handler(self._on_slice)
-        self._executor = executor
         self._has_stream = has_stream
         self._on_ready = on_ready
         self._clock = clock
@@ -140,6 +218,10 @@ class DriverAttachment:
         self._logged: set[str] = set()
         self._stream_warned = False
         self._counted = False
+        self._stop = threading.Event()
+        self._stopped = False
+        #: The sources' threads (started once the slices are listed).
+        self.pollers: list[SourcePoller] = []
         #: True once the devices' health went to the pipeline.
         self.ready = False
         #: Reports handed to the pipeline, and turns of the loop (deadlines, heartbeats).
@@ -151,6 +233,8 @@ class DriverAttachment:
         self._tasks.append(asyncio.create_task(self._run(), name=f"attach:{self.driver}"))
 
     async def stop(self) -> None:
+        self._stopped = True
+        self._stop.set()  # each poller ends after its current poll (daemon threads)
         await cancel_and_wait(self._tasks)
         self._tasks = []
         await self.slices.stop()
@@ -168,10 +252,11 @@ class DriverAttachment:
     async def _run(self) -> None:
         await self.slices.wait_synced()
         self._rebuild()
-        self._tasks.extend(
-            asyncio.create_task(self._poll_loop(s), name=f"attach:{self.driver}:{s.name}")
-            for s in self.sources
-        )
+        loop = asyncio.get_running_loop()
+        for running in self.sources:
+            poller = SourcePoller(running, loop, self._deliver, self._stop, clock=self._clock)
+            self.pollers.append(poller)
+            poller.start()
         while True:
             self._wake.clear()
             self.wakeups += 1
@@ -202,40 +287,23 @@ class DriverAttachment:
             )  # fmt: skip
         self.health.set_index(index)
 
-    async def _poll_loop(self, running: RunningSource) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            started = self._clock()
-            try:
-                answer = await loop.run_in_executor(self._executor, running.source.poll)
-                signals = self._signals(running, answer)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                self.health.failed(running.name, text)
-                if text != running.failing:
-                    log.warning("attached source %s of %s failed: %s", running.name,
-                                self.driver, text)  # fmt: skip
-                running.failing = text
-            else:
-                for problem in self.health.observe(running.name, signals):
-                    self._once(problem)
-                if running.failing:
-                    log.info("attached source %s of %s works again", running.name, self.driver)
-                    running.failing = ""
-            self.publish()
-            await asyncio.sleep(max(0.0, started + running.interval - self._clock()))
-
-    @staticmethod
-    def _signals(running: RunningSource, answer: object) -> list[Signal]:
-        """The poll's answer, checked: a list of Signals (anything else is a failure)."""
-        if not isinstance(answer, list):
-            raise TypeError(f"poll returned {type(answer).__name__}, not a list of signals")
-        for item in answer:
-            if not (isinstance(item, Signal) and isinstance(item.health, Health)):
-                raise TypeError(f"poll returned {type(item).__name__} among its signals")
-        return answer
+    def _deliver(self, running: RunningSource, outcome: Outcome, repeats: int) -> None:
+        """A poll's outcome, handed over by the source's thread (on the loop)."""
+        if self._stopped:
+            return
+        if isinstance(outcome, str):
+            self.health.failed(running.name, outcome, repeats=repeats)
+            if outcome != running.failing:
+                log.warning("attached source %s of %s failed: %s", running.name,
+                            self.driver, outcome)  # fmt: skip
+            running.failing = outcome
+        else:
+            for problem in self.health.observe(running.name, outcome, repeats=repeats):
+                self._once(problem)
+            if running.failing:
+                log.info("attached source %s of %s works again", running.name, self.driver)
+                running.failing = ""
+        self.publish()
 
     def publish(self) -> None:
         """Hand the devices' health to the pipeline if it may have changed (a new
@@ -375,12 +443,10 @@ class AttachedSources:
                 source, interval, timeout = build_source(settings, config.source)
                 running.append(RunningSource(settings, source, interval, timeout))
             built.append((attach, running))
-        count = sum(len(r) for _, r in built)
-        self._executor = ThreadPoolExecutor(max_workers=max(1, count), thread_name_prefix="attach")
         self.drivers: dict[str, DriverAttachment] = {}
         for attach, running in built:
             self.drivers[attach.driver] = DriverAttachment(
-                attach, running, client, node, pipeline, self._executor,
+                attach, running, client, node, pipeline,
                 has_stream=has_stream, on_ready=self._driver_ready, clock=clock,
             )  # fmt: skip
         self.pods: PodDeviceHealth | None = PodDeviceHealth(
@@ -416,7 +482,6 @@ class AttachedSources:
         if "pods" in self._started and self.pods is not None:
             await self.pods.stop()
         self._started.clear()
-        self._executor.shutdown(wait=False, cancel_futures=True)
 
 
 def mode_covers(mode: object, key: DeviceKey, namespace: str, name: str, uid: str) -> bool:

@@ -242,6 +242,26 @@ async def test_a_source_failing_from_the_start_reports_nothing_until_its_timeout
         await w.pipeline.stop()
 
 
+async def test_a_source_at_rest_hands_over_only_changes_and_refreshes(world: World) -> None:
+    world.fake.say(pci(0))
+    attachment = world.attached.drivers[NV]
+    await eventually(lambda: world.health("gpu-0")[0] == "Unhealthy", 5, "the fault")
+    poller = next(p for p in attachment.pollers if p.running.name == "fake")
+    polls, handovers = poller.polls, poller.handovers
+    await eventually(lambda: poller.polls >= polls + 40, 10, "forty more polls")
+    # the same answer forty times: handed over only to refresh the leases (every 0.15 s
+    # here, a quarter of the 0.6 s timeout), never once per poll
+    assert poller.handovers - handovers <= (poller.polls - polls) // 2
+    state = attachment.health.sources["fake"]
+    await eventually(lambda: state.polls >= poller.polls - 5, 5, "every poll counted")
+    assert world.health("gpu-0")[0] == "Unhealthy"  # the lease never ran out meanwhile
+    world.fake.say()
+    await eventually(lambda: world.health("gpu-0")[0] == "Unknown", 5, "the change at once")
+    await world.attached.stop()
+    for p in attachment.pollers:
+        await eventually(lambda p=p: not p.is_alive(), 5, f"{p.name} to end")
+
+
 async def test_unmatched_and_ambiguous_keys_are_counted(world: World) -> None:
     world.fake.say(Signal("uuid", "GPU-not-here", Health.UNHEALTHY, "x"))
     state = world.attached.drivers[NV].health.sources["fake"]

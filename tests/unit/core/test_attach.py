@@ -340,3 +340,31 @@ def test_pod_condition_message_is_bounded() -> None:
     message = pod_condition(devices, None, "T")["message"]
     assert len(message) <= 1024 and message.endswith("more")
     assert message.startswith("50 of 50 devices unhealthy: ")
+
+
+def test_a_repeated_answer_only_refreshes_leases_and_counts() -> None:
+    h, clock = health(SourceSpec("kmsg", 10))
+    answer = [pci_signal := Signal("pcieBusID", "0000:18:00.0", U, "XID 79"),
+              Signal("uuid", "GPU-gone", U, "x")]  # fmt: skip
+    assert len(h.observe("kmsg", answer)) == 1
+    version = h.version
+    for step in range(1, 4):
+        clock.now = 1000.0 + 9 * step
+        assert h.observe("kmsg", list(answer)) == []  # equal, not the same list
+    assert h.version == version
+    state = h.sources["kmsg"]
+    assert (state.signals, state.unmatched, state.polls) == (8, 4, 4)
+    clock.now = 1036.0  # 9 s after the last answer: the lease still runs
+    assert states(h)["gpu-0"] == ("Unhealthy", "kmsg: XID 79")
+    # a different answer takes the full path again
+    h.observe("kmsg", [pci_signal, Signal("index", 1, U, "y")])
+    assert h.version == version + 1 and states(h)["gpu-1"] == ("Unhealthy", "kmsg: y")
+
+
+def test_repeats_handed_over_later_are_counted_as_the_previous_outcome() -> None:
+    h, _ = health(SourceSpec("dcgm", 10))
+    h.observe("dcgm", [Signal("uuid", "GPU-gone", U, "x"), Signal("index", 0, H, "")])
+    h.failed("dcgm", "timeout", repeats=3)  # 3 more polls answered as the first one
+    h.observe("dcgm", [], repeats=2)  # 2 more polls failed as the last one
+    state = h.sources["dcgm"]
+    assert (state.polls, state.failures, state.signals, state.unmatched) == (8, 3, 8, 4)
