@@ -177,7 +177,10 @@ class FakeDcgmExporter:
         self._server = ThreadingHTTPServer((self._host, self._port), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
-            target=self._server.serve_forever, name="fake-dcgm-exporter", daemon=True
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},  # stop() returns within that
+            name="fake-dcgm-exporter",
+            daemon=True,
         )
         self._thread.start()
         return self

@@ -439,7 +439,7 @@ class DcgmExporterSource:
                 chunks: list[bytes] = []
                 size = 0
                 while True:
-                    chunk = response.read(65536)
+                    chunk = response.read1(65536)  # returns what one recv got
                     if not chunk:
                         break
                     size += len(chunk)
