@@ -447,9 +447,28 @@ class _Device:
 
 
 def _positive(name: str, value: float) -> float:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not (ok and math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
     return float(value)
+
+
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def _clear_after(value: float | str | None) -> float | None:
+    """Seconds, a duration (``500ms``, ``30s``, ``10m``, ``1h``), or ``None``/``never``."""
+    if value is None or value == "never":
+        return None
+    if isinstance(value, str):
+        m = _DURATION.fullmatch(value)
+        if m is None:
+            raise ValueError(
+                f"clear_after must be seconds, a duration (30s, 10m, 1h) or never, not {value!r}"
+            )
+        value = float(m.group(1)) * _UNITS[m.group(2)]
+    return _positive("clear_after", value)
 
 
 def _count(name: str, value: int) -> int:
@@ -468,9 +487,9 @@ class KmsgSource:
         *,
         name: str = "kmsg",
         by: str = "pciBusID",
-        interval: float = 0.02,
+        interval: float = 0.025,
         timeout: float = 30.0,
-        clear_after: float | None = 600.0,
+        clear_after: float | str | None = 600.0,
         from_start: bool | None = None,
         backlog_bytes: int = 1 << 20,
         max_lines: int = 5000,
@@ -491,7 +510,7 @@ class KmsgSource:
         self.path = path
         self.interval = _positive("interval", interval)
         self.timeout = _positive("timeout", timeout)
-        self.clear_after = None if clear_after is None else _positive("clear_after", clear_after)
+        self.clear_after = _clear_after(clear_after)
         self.max_lines = _count("max_lines", max_lines)
         self.max_devices = _count("max_devices", max_devices)
         _count("max_line_bytes", max_line_bytes)

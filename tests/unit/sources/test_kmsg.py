@@ -197,7 +197,7 @@ def test_it_is_an_attached_source(tmp_path: Path) -> None:
     log = tmp_path / "kern.log"
     log.touch()
     source: AttachedSource = KmsgSource(str(log))
-    assert (source.name, source.interval, source.timeout) == ("kmsg", 0.02, 30.0)
+    assert (source.name, source.interval, source.timeout) == ("kmsg", 0.025, 30.0)
     assert source.poll() == []
 
 
@@ -547,3 +547,46 @@ def test_the_real_dev_kmsg_is_read_read_only_without_error() -> None:
     assert c.lines >= 1 and c.malformed == 0, c  # every record had a header
     source.poll()  # and reading on at the end is quiet
     source.close()
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [(600, 600.0), ("10m", 600.0), ("30s", 30.0), ("1h", 3600.0), ("500ms", 0.5), (None, None),
+     ("never", None)],
+)  # fmt: skip
+def test_clear_after_takes_durations(
+    tmp_path: Path, value: float | str | None, seconds: float | None
+) -> None:
+    assert KmsgSource(str(tmp_path / "x"), clear_after=value).clear_after == seconds
+
+
+def test_clear_after_rejects_what_is_not_a_duration(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="clear_after must be seconds, a duration"):
+        KmsgSource(str(tmp_path / "x"), clear_after="ten minutes")
+
+
+def test_built_from_the_agents_attach_file(tmp_path: Path) -> None:
+    from drahealth.node._attach_config import build_source, parse_attach_config
+
+    log = tmp_path / "kern.log"
+    log.touch()
+    config = parse_attach_config(
+        f"""
+driver: gpu.nvidia.com
+key: pcieBusID
+sources:
+  - kind: kmsg
+    path: {log}
+    interval: 50ms
+    timeout: 1m
+    clearAfter: 2m
+    fromStart: true
+    informationalXids: [13, 31, 43, 45, 68, 109, 94]
+    maxLines: 100
+"""
+    )
+    source, interval, timeout = build_source(config.drivers[0].sources[0])
+    assert isinstance(source, KmsgSource)
+    assert (interval, timeout, source.clear_after, source.max_lines) == (0.05, 60.0, 120.0, 100)
+    append(log, xid(code=94))
+    assert one(source.poll())[2] is H  # 94 made informational by the file
