@@ -434,3 +434,45 @@ def test_bad_configuration_is_refused(kwargs: dict[str, object], error: str) -> 
 def test_bad_thresholds_are_refused(kwargs: dict[str, object], error: str) -> None:
     with pytest.raises(ValueError, match=error):
         DcgmThresholds(**kwargs)  # type: ignore[arg-type]
+
+
+def nvidia_slice(driver: str, devices: dict[str, tuple[str, str]]) -> dict[str, object]:
+    """A ResourceSlice as NVIDIA's driver writes one: ``uuid`` and the standard PCI bus ID."""
+    return {
+        "spec": {
+            "driver": driver,
+            "nodeName": "gpu-node-7",
+            "pool": {"name": "gpu-node-7", "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": name,
+                    "attributes": {
+                        "type": {"string": "gpu"},
+                        "uuid": {"string": uuid},
+                        "resource.kubernetes.io/pciBusID": {"string": pci},
+                    },
+                }
+                for name, (uuid, pci) in devices.items()
+            ],
+        }
+    }
+
+
+@pytest.mark.parametrize("key", ["uuid", "pci"])
+def test_signals_find_the_nvidia_drivers_devices_and_no_other(key: str) -> None:
+    from drahealth.core import AttachedHealth, AttachIndex, SourceSpec
+
+    gpus = {"gpu-0": (G0, "0000:0d:00.0"), "gpu-1": (G1, "0000:b4:00.0")}
+    slices = [
+        nvidia_slice("gpu.nvidia.com", gpus),
+        nvidia_slice("gpu.example.com", {"gpu-0": gpus["gpu-0"]}),  # a second driver
+    ]
+    health = AttachedHealth("gpu.nvidia.com", [SourceSpec("dcgm", 60)])
+    health.set_index(AttachIndex("gpu.nvidia.com", slices, node="gpu-node-7"))
+    text = setting("DCGM_FI_DEV_XID_ERRORS", G1, "79")
+    assert health.observe("dcgm", source(key=key).judge(text)) == []  # all matched
+    got = {r.device: (r.health, r.message) for r in health.reports()}
+    assert got == {
+        "gpu-0": (H, ""),
+        "gpu-1": (U, "dcgm: XID 79: GPU has fallen off the bus (reset the GPU)"),
+    }
