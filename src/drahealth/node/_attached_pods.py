@@ -203,15 +203,19 @@ class PodDeviceHealth:
                 self.events_sent += 1
 
     def _on_pod_event(self, event_type: str, pod: Pod, _old: Pod | None) -> None:
-        obj = as_dict(pod)
-        uid = _uid(obj)
-        if not uid:
+        meta = pod.metadata
+        uid = str(meta.uid or "") if meta is not None else ""
+        if not uid or meta is None:
             return
-        if event_type == "DELETED":
-            self._forget(uid)
-            return
-        meta = obj.get("metadata") or {}
-        self._refs[uid] = (str(meta.get("namespace") or "default"), str(meta.get("name") or ""))
+        status = pod.status
+        claims = bool(pod.spec and pod.spec.resourceClaims) or bool(
+            status is not None and getattr(status, "extendedResourceClaimStatus", None)
+        )
+        if event_type == "DELETED" or not claims:
+            if uid in self._refs:
+                self._forget(uid)
+            return  # a pod without claims uses no device: nothing to look at
+        self._refs[uid] = (meta.namespace or "default", meta.name or "")
         self._mark(uid)
 
     def _mark(self, uid: str) -> None:
