@@ -144,6 +144,10 @@ _MAX_KEY = 256  # characters of a key label value kept (attribute values are at 
 _MAX_HISTORY = 256  # samples kept per rate and GPU (bounds the window at a fast interval)
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 class DcgmScrapeError(RuntimeError):
     """The exporter could not be scraped (connection, status, timeout, size)."""
 
@@ -188,7 +192,7 @@ class DcgmThresholds:
             value = getattr(self, name)
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            if not _is_number(value):
                 raise ValueError(f"DcgmThresholds.{name} must be a number, got {value!r}")
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"DcgmThresholds.{name} must be >= 0, got {value!r}")
@@ -321,25 +325,28 @@ class DcgmExporterSource:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"dcgm-exporter url must be http(s)://HOST[:PORT]/PATH, got {url!r}")
         if label is None:
-            if key not in DCGM_KEYS:
+            if not isinstance(key, str) or key not in DCGM_KEYS:
                 raise ValueError(
                     f"dcgm-exporter key must be one of {', '.join(DCGM_KEYS)} "
                     f"(or give label=), got {key!r}"
                 )
             labels, attribute = DCGM_KEYS[key]
         else:
-            if not label:
-                raise ValueError("dcgm-exporter label must not be empty")
+            if not isinstance(label, str) or not label:
+                raise ValueError("dcgm-exporter label must be a non-empty string")
             labels, attribute = (label,), label
         for what, number in (
             ("interval", interval),
             ("timeout", timeout),
             ("scrape_timeout", scrape_timeout),
         ):
-            if not (math.isfinite(number) and number > 0):
+            if not (_is_number(number) and math.isfinite(number) and number > 0):
                 raise ValueError(f"dcgm-exporter {what} must be > 0 seconds, got {number!r}")
-        if max_bytes < 1 or max_devices < 1:
-            raise ValueError("dcgm-exporter max_bytes and max_devices must be >= 1")
+        for what, count in (("max_bytes", max_bytes), ("max_devices", max_devices)):
+            if not (isinstance(count, int) and not isinstance(count, bool) and count >= 1):
+                raise ValueError(f"dcgm-exporter {what} must be a whole number >= 1, got {count!r}")
+        if by is not None and (not isinstance(by, str) or not by):
+            raise ValueError("dcgm-exporter by must be a non-empty attribute name")
         self.name = name
         self.interval = interval
         self.timeout = timeout

@@ -61,6 +61,10 @@ class _Held:
     until: float
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -84,12 +88,12 @@ class NvmlAttachedSource:
         name: str = "nvml",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if key not in NVML_KEYS:
+        if not isinstance(key, str) or key not in NVML_KEYS:
             raise ValueError(f"nvml key must be one of {', '.join(NVML_KEYS)}, got {key!r}")
         for what, number in (("interval", interval), ("timeout", timeout)):
-            if not number > 0:
+            if not (_is_number(number) and math.isfinite(number) and number > 0):
                 raise ValueError(f"nvml {what} must be > 0 seconds, got {number!r}")
-        if clear_after is not None and not clear_after >= 0:
+        if clear_after is not None and not (_is_number(clear_after) and clear_after >= 0):
             raise ValueError(f"nvml clear_after must be >= 0 seconds, got {clear_after!r}")
         self.name = name
         self.interval = interval

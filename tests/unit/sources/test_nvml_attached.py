@@ -192,6 +192,8 @@ def test_discovery_errors_are_unavailable() -> None:
         ({"interval": 0}, "interval must be > 0"),
         ({"timeout": -1}, "timeout must be > 0"),
         ({"clear_after": -5}, "clear_after must be >= 0"),
+        ({"clear_after": "10m"}, "clear_after must be >= 0"),
+        ({"interval": float("inf")}, "interval must be > 0"),
     ],
 )
 def test_bad_configuration_is_refused(kwargs: dict[str, object], error_text: str) -> None:
