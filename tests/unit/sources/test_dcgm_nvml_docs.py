@@ -13,7 +13,10 @@ DOC = Path(__file__).parents[3] / "docs" / "sources.md"
 
 def test_the_documented_entries_build() -> None:
     text = DOC.read_text()
-    sections = text[text.index("## DCGM exporter") :]
+    start = text.index("## DCGM exporter")
+    nvml = text.index("## NVML in the agent", start)
+    end = text.find("\n## ", nvml + 1)
+    sections = text[start : end if end > 0 else len(text)]
     blocks = re.findall(r"```yaml\n(.*?)```", sections, re.S)
     built = []
     for block in blocks:
