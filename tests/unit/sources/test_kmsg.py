@@ -590,3 +590,19 @@ sources:
     assert (interval, timeout, source.clear_after, source.max_lines) == (0.05, 60.0, 120.0, 100)
     append(log, xid(code=94))
     assert one(source.poll())[2] is H  # 94 made informational by the file
+
+
+def test_the_documented_attach_entry_builds() -> None:
+    import re
+
+    from drahealth.node._attach_config import build_source, parse_attach_config
+
+    doc = (Path(__file__).parents[3] / "docs" / "sources.md").read_text()
+    start = doc.index("## Kernel log (kmsg)")
+    section = doc[start : doc.index("\n## ", start + 1)]
+    (block,) = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    config = parse_attach_config(block)
+    source, interval, timeout = build_source(config.drivers[0].sources[0])
+    assert isinstance(source, KmsgSource)
+    assert (source.path, interval, timeout, source.clear_after) == ("/dev/kmsg", 0.025, 30.0, 600)
+    source.close()
