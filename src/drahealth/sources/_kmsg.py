@@ -34,8 +34,9 @@ records the kernel overwrote before they were read (``EPIPE``) are counted from 
 sequence numbers. By default it starts at the beginning of the ring buffer and restores
 the latches of fatal lines younger than ``clear_after`` (their age from the record's
 timestamp), so an agent restart does not forget a GPU that fell off the bus a minute ago.
-A plain file is followed like ``tail -F`` (rotation and truncation survived) and starts
-at its end; ``from_start=True`` reads its last ``backlog_bytes`` first, as new lines.
+A plain file is followed like ``tail -F`` (rotation and truncation survived) from its end
+as of the source's creation (a file not there yet is read from its start once it
+appears); ``from_start=True`` reads its last ``backlog_bytes`` first, as new lines.
 
 Hostile input: a line longer than ``max_line_bytes`` is cut, invalid UTF-8 is replaced,
 control characters never reach a message, at most ``max_lines`` lines are read per poll
@@ -269,6 +270,7 @@ class _KmsgReader:
         if self.fd is None:
             self.fd = self._open()
         out: list[bytes] = []
+        overrun = 0
         while len(out) < max_lines:
             try:
                 out.append(os.read(self.fd, _KMSG_READ))
@@ -276,7 +278,11 @@ class _KmsgReader:
                 self.replaying = False
                 break
             except BrokenPipeError:
-                continue  # records overwritten: counted from the sequence gap
+                # records overwritten: the kernel moved us to the next one; they are
+                # counted from the sequence gap
+                overrun += 1
+                if overrun >= max_lines:
+                    break
             except OSError as exc:
                 self.close()
                 if exc.errno == errno.EINVAL:
