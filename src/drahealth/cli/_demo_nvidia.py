@@ -28,7 +28,7 @@ from lightkube.resources.core_v1 import ConfigMap, Event, Pod
 from rich.markup import escape
 
 from drahealth.cli._cluster import LocalCluster, NodeProcesses
-from drahealth.cli.demo import (
+from drahealth.cli._demo_story import (
     Placement,
     Timeline,
     _agent_health,

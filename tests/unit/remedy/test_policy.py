@@ -332,7 +332,11 @@ def test_a_bad_attribute_value_names_the_attribute() -> None:
 
 def test_the_example_policy_loads_with_its_values() -> None:
     policy = load_policy(str(ROOT / "examples" / "policy.yaml"))
-    fatal, unhealthy, silent = policy.rules
+    ignored, degraded, fatal, unhealthy, silent = policy.rules
+    assert ignored.action.outcome == "ignore" and degraded.action.outcome == "degraded"
+    assert ignored.match.message is not None and ignored.match.message.search("XID 13: x")
+    assert fatal.repair is not None and fatal.repair.kind == "job"
+    assert policy.limits is not None and policy.profiles[0].observe_only
     assert fatal.action.effect == "NoExecute" and fatal.action.taint_value == "fatal-xid"
     assert fatal.match.message is not None and fatal.match.message.search("XID 79 at 0x1")
     assert fatal.recovery.healthy_for == 300 and fatal.recovery.validate is not None
