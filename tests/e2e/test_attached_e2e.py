@@ -43,7 +43,7 @@ from drahealth.kube import as_dict
 from drahealth.node import SOURCE_KINDS, AgentConfig, NodeAgent, parse_attach_config
 from drahealth.node._attach_config import SourceSettings
 from drahealth.remedy._controller import RemediationController
-from drahealth.simdriver import sim_nvidia_gpus, sim_nvidia_pool
+from drahealth.simdriver import FakeDcgmExporter, sim_nvidia_gpus, sim_nvidia_pool
 from tests._support import eventually
 from tests.integration.kube.conftest import api_server_options, client
 from tests.integration.remedy.test_controller import policy
@@ -191,14 +191,14 @@ async def record(client: AsyncClient) -> dict[str, tuple[str, str]]:
 
 
 @contextlib.asynccontextmanager
-async def cluster(client: AsyncClient, tmp: Path) -> AsyncIterator[NodeAgent]:
+async def cluster(client: AsyncClient, tmp: Path, attach: str = ATTACH) -> AsyncIterator[NodeAgent]:
     standins = StandIns(client)
     controller = RemediationController(client, policy(RULES), identity="c")
     config = AgentConfig(
         NODE, str(tmp / "reg"), str(tmp / "agent"), mode="observer",
         podresources_socket=str(tmp / "no-kubelet.sock"), postmortem_namespace=NS,
     )  # fmt: skip
-    agent = NodeAgent(config, client, attach=parse_attach_config(ATTACH, "attach.yaml"))
+    agent = NodeAgent(config, client, attach=parse_attach_config(attach, "attach.yaml"))
     await standins.start()
     task = asyncio.create_task(controller.run())
     await agent.start()
@@ -292,3 +292,152 @@ async def _condition(client: AsyncClient, pod: str, status: str) -> dict[str, An
         if c["type"] == POD_CONDITION_TYPE and c["status"] == status:
             return dict(c)
     return None
+
+
+async def test_a_dcgm_exporter_xid_taints_the_gpu_by_uuid_and_moves_its_pod(
+    client: AsyncClient, tmp_path: Path
+) -> None:
+    """The same story from a (fake, real-HTTP) dcgm-exporter: the XID gauge of one GPU's
+    UUID -> that GPU tainted, its pod replaced on the other GPU, the other driver's device
+    with the same PCI address untouched; the gauge cleared -> untainted."""
+    await seed(client)
+    with FakeDcgmExporter.from_gpus(GPUS.values()) as exporter:
+        attach = f"""
+driver: {NV}
+sources:
+  - {{kind: dcgm, name: dcgm, url: "{exporter.url}", key: uuid, interval: 0.1, timeout: 5}}
+"""
+        async with cluster(client, tmp_path, attach):
+            trainer = await eventually(lambda: placement(client, "trainer"), 10, "trainer placed")
+            other = await eventually(lambda: placement(client, "other"), 10, "other placed")
+            pod, _, device = trainer
+            healthy = "gpu-1" if device == "gpu-0" else "gpu-0"
+            key = f"{NV}/{NODE}/{device}"
+            await eventually(
+                lambda: _has(record(client), key, "Healthy"), 10, "the GPU Healthy in the record"
+            )
+            exporter.xid(GPUS[device].uuid, 79)
+            got = await eventually(
+                lambda: _has(record(client), key, "Unhealthy"), 10, "Unhealthy in the record"
+            )
+            assert got[key][1].startswith("dcgm: ") and "79" in got[key][1], got[key]
+            await eventually(lambda: _contains(tainted(client), (NV, device)), 10, "tainted")
+
+            async def replaced() -> tuple[str, str, str] | None:
+                now = await placement(client, "trainer")
+                return now if now is not None and now[0] != pod else None
+
+            _, _, new_device = await eventually(replaced, 15, "a replacement trainer pod")
+            assert new_device == healthy
+            assert (OTHER, "card-0") not in await tainted(client)
+            assert await placement(client, "other") == other
+
+            exporter.clear(GPUS[device].uuid)
+            await eventually(
+                lambda: _has(record(client), key, "Healthy"), 10, "Healthy in the record again"
+            )
+            await eventually(lambda: _lacks(tainted(client), (NV, device)), 15, "untainted")
+
+
+async def test_an_nvml_xid_event_taints_the_gpu_by_uuid_and_moves_its_pod(
+    client: AsyncClient, tmp_path: Path
+) -> None:
+    """The same story from NVML in the agent (the fake NVML of the source tests): an XID
+    event on one GPU's UUID -> that GPU tainted and its pod moved; the latch ends ->
+    untainted."""
+    from types import SimpleNamespace
+
+    from drahealth.sources import NvmlAttachedSource
+    from tests.unit.sources.fake_nvml import FakeGpu
+    from tests.unit.sources.test_nvml_attached import EnumeratingNvml
+
+    buses = {g.uuid: g.pci_bus_id for g in GPUS.values()}
+
+    class NodeNvml(EnumeratingNvml):
+        def nvmlDeviceGetPciInfo(self, gpu: FakeGpu) -> SimpleNamespace:
+            return SimpleNamespace(busId=buses[gpu.uuid])
+
+    fake = NodeNvml(*(FakeGpu(u) for u in buses))
+
+    def build(settings: SourceSettings) -> NvmlAttachedSource:
+        return NvmlAttachedSource(
+            nvml=fake, interval=settings.interval or 0.05, timeout=settings.timeout or 5.0,
+            clear_after=2.0,
+        )  # fmt: skip
+
+    SOURCE_KINDS["fake-nvml"] = build
+    attach = f"""
+driver: {NV}
+sources:
+  - {{kind: fake-nvml, name: nvml, interval: 0.05, timeout: 5}}
+"""
+    await seed(client)
+    try:
+        async with cluster(client, tmp_path, attach):
+            trainer = await eventually(lambda: placement(client, "trainer"), 10, "trainer placed")
+            pod, _, device = trainer
+            healthy = "gpu-1" if device == "gpu-0" else "gpu-0"
+            key = f"{NV}/{NODE}/{device}"
+            await eventually(
+                lambda: _has(record(client), key, "Healthy"), 10, "the GPU Healthy in the record"
+            )
+            fake.xid(GPUS[device].uuid, 79)
+            got = await eventually(
+                lambda: _has(record(client), key, "Unhealthy"), 10, "Unhealthy in the record"
+            )
+            assert got[key][1].startswith("nvml: ") and "79" in got[key][1], got[key]
+            await eventually(lambda: _contains(tainted(client), (NV, device)), 10, "tainted")
+
+            async def replaced() -> tuple[str, str, str] | None:
+                now = await placement(client, "trainer")
+                return now if now is not None and now[0] != pod else None
+
+            _, _, new_device = await eventually(replaced, 15, "a replacement trainer pod")
+            assert new_device == healthy
+            assert (OTHER, "card-0") not in await tainted(client)
+            await eventually(lambda: _lacks(tainted(client), (NV, device)), 15, "untainted")
+    finally:
+        SOURCE_KINDS.pop("fake-nvml", None)
+
+
+async def test_a_kernel_log_xid_line_taints_the_gpu_by_pci_address_and_moves_its_pod(
+    client: AsyncClient, tmp_path: Path
+) -> None:
+    """The same story from a followed kernel-log file: an NVRM Xid line naming one GPU's
+    PCI address -> that GPU tainted, its pod moved, the other driver's device with the
+    same PCI address untouched; the latch ends -> untainted."""
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    attach = f"""
+driver: {NV}
+sources:
+  - {{kind: kmsg, name: kmsg, path: "{log}", clearAfter: 2s, interval: 0.05}}
+"""
+    await seed(client)
+    async with cluster(client, tmp_path, attach):
+        trainer = await eventually(lambda: placement(client, "trainer"), 10, "trainer placed")
+        other = await eventually(lambda: placement(client, "other"), 10, "other placed")
+        pod, _, device = trainer
+        healthy = "gpu-1" if device == "gpu-0" else "gpu-0"
+        key = f"{NV}/{NODE}/{device}"
+        bus = GPUS[device].pci_bus_id  # 0000:bb:dd.0; the kernel log writes PCI:0000:bb:dd
+        with log.open("a") as f:
+            f.write(
+                f"[ 1234.567890] NVRM: Xid (PCI:{bus[:-2]}): 79, pid=4242, name=python, "
+                "GPU has fallen off the bus.\n"
+            )
+        got = await eventually(
+            lambda: _has(record(client), key, "Unhealthy"), 10, "Unhealthy in the record"
+        )
+        assert got[key][1].startswith("kmsg: ") and "79" in got[key][1], got[key]
+        await eventually(lambda: _contains(tainted(client), (NV, device)), 10, "tainted")
+
+        async def replaced() -> tuple[str, str, str] | None:
+            now = await placement(client, "trainer")
+            return now if now is not None and now[0] != pod else None
+
+        _, _, new_device = await eventually(replaced, 15, "a replacement trainer pod")
+        assert new_device == healthy
+        assert (OTHER, "card-0") not in await tainted(client)
+        assert await placement(client, "other") == other
+        await eventually(lambda: _lacks(tainted(client), (NV, device)), 15, "untainted")
