@@ -76,6 +76,7 @@ protobuf_bytes = st.recursive(
 )
 
 
+@pytest.mark.slow  # 30 s+ on 2 cores: CI runs it in its slow step
 @fuzz
 @given(protobuf_bytes)
 def test_health_stream_messages(raw: bytes) -> None:
@@ -90,6 +91,7 @@ def test_health_stream_messages(raw: bytes) -> None:
         assert len(cache) <= 1000
 
 
+@pytest.mark.slow  # 30 s+ on 2 cores: CI runs it in its slow step
 @fuzz
 @given(protobuf_bytes)
 def test_podresources_answers(raw: bytes) -> None:
@@ -103,6 +105,7 @@ def test_podresources_answers(raw: bytes) -> None:
     assert len(devices.tombstones) <= 4
 
 
+@pytest.mark.slow  # 30 s+ on 2 cores: CI runs it in its slow step
 @fuzz
 @given(
     protobuf_bytes, st.sampled_from(["/var/lib/kubelet/plugins_registry/x-reg.sock", "/tmp/r.sock"])
