@@ -45,6 +45,7 @@ from typing import Any, Final, Literal
 import msgspec
 import yaml
 
+from drahealth._yaml import StrictLoader
 from drahealth.core import UNLISTED_CHOICES, KeySpec, driver_name_problem
 from drahealth.sources import AttachedSource
 
@@ -205,29 +206,6 @@ class _File(_Base):
     kind: str | None = None
 
 
-class _Loader(yaml.SafeLoader):
-    """Safe YAML that refuses duplicate keys (PyYAML keeps the last one silently)."""
-
-
-def _mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    seen: set[object] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            duplicate = key in seen
-        except TypeError:
-            continue  # unhashable: construct_mapping reports it
-        if duplicate:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
-
-
 def _error(source: str, where: str, problem: str) -> AttachConfigError:
     return AttachConfigError(f"{source}: {where or '(top level)'}: {problem}")
 
@@ -354,7 +332,7 @@ def _driver(raw: object, source: str, where: str) -> DriverAttach:
 def parse_attach_config(text: str, source: str = "<attach>") -> AttachConfig:
     """Validate the YAML ``text``; errors name ``source`` and the field."""
     try:
-        raw = yaml.load(text, Loader=_Loader)  # a SafeLoader
+        raw = yaml.load(text, Loader=StrictLoader)  # a SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -18,6 +18,7 @@ from typing import Any, Literal
 import msgspec
 import yaml
 
+from drahealth._yaml import StrictLoader
 from drahealth.core import (
     DEFAULT_NODE_TAINT_KEY,
     DEFAULT_TAINT_KEY,
@@ -67,31 +68,6 @@ EffectName = Literal["None", "NoSchedule", "NoExecute"]
 HealthName = Literal["Unhealthy", "Unknown"]
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
-class _Loader(yaml.SafeLoader):
-    """Safe YAML that refuses duplicate keys (PyYAML keeps the last one silently)."""
-
-
-def _mapping(loader: _Loader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    seen: set[object] = set()
-    for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":
-            continue
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            duplicate = key in seen
-        except TypeError:
-            continue  # unhashable: construct_mapping reports it
-        if duplicate:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
 
 
 class _Base(msgspec.Struct, forbid_unknown_fields=True, rename="camel"):
@@ -254,7 +230,7 @@ def load_policy(path: str) -> Policy:
 def parse_policy(text: str, source: str = "<policy>") -> Policy:
     """Validate policy YAML ``text``; errors name ``source`` and the field."""
     try:
-        raw = yaml.load(text, Loader=_Loader)  # a SafeLoader
+        raw = yaml.load(text, Loader=StrictLoader)  # a SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
