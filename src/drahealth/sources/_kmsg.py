@@ -483,6 +483,11 @@ def _count(name: str, value: int) -> int:
     return value
 
 
+def _kernel_clock() -> float:
+    """The kernel's clock of ``/dev/kmsg`` timestamps (CLOCK_MONOTONIC, as printk)."""
+    return time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
 class KmsgSource:
     """See the module docstring. ``poll`` never blocks on the log: it reads what is
     there (at most ``max_lines``) and answers."""
@@ -506,6 +511,7 @@ class KmsgSource:
         kernel_only: bool = True,
         format: Literal["auto", "kmsg", "text"] = "auto",
         clock: Callable[[], float] = time.monotonic,
+        kernel_clock: Callable[[], float] = _kernel_clock,
     ) -> None:
         if not path:
             raise ValueError("path must name /dev/kmsg or a log file")
@@ -526,6 +532,7 @@ class KmsgSource:
         self.kernel_only = kernel_only
         self.counters = KmsgCounters()
         self._clock = clock
+        self._kernel_clock = kernel_clock
         if format == "auto":
             try:
                 format = "kmsg" if stat.S_ISCHR(os.stat(path).st_mode) else "text"
@@ -555,7 +562,7 @@ class KmsgSource:
         if raw:
             now = self._clock()
             # the kernel's clock for the age of replayed records (CLOCK_MONOTONIC, as printk)
-            kernel_now = time.clock_gettime(time.CLOCK_MONOTONIC) if replaying else 0.0
+            kernel_now = self._kernel_clock() if replaying else 0.0
             for line in raw:
                 self._line(line, now, kernel_now if replaying else None)
         return self._answer(self._clock())
