@@ -1,19 +1,21 @@
 """``drahealth inject``: the fault injector's command line.
 
-Owns only the command; it talks to a running ``drahealth driver`` through
-the simulated driver's control client and imports nothing else of it, so
-scripts that inject many faults do not pay for the driver's imports on every call.
+Owns only the command; it talks to the control socket that
+``drahealth.driver.start`` serves for every toolkit driver (``drahealth driver`` and
+any custom driver with a health hub) through the toolkit's standard-library client,
+and imports nothing else of the toolkit, so scripts that inject many faults do not
+pay for gRPC and the Kubernetes client on every call.
 """
 
 from __future__ import annotations
 
 import click
 
-from drahealth.simdriver import (
-    ACTIONS,
+from drahealth.driver import (
+    CONTROL_ACTIONS,
     ControlError,
+    control_request_sync,
     control_socket_path,
-    request_sync,
 )
 
 __all__ = ["inject_command"]
@@ -23,7 +25,8 @@ __all__ = ["inject_command"]
 @click.option(
     "--state-dir",
     required=True,
-    help="The running driver's state directory (holds control.sock).",
+    help="The running driver's state directory (holds control.sock); for a toolkit "
+    "driver, PluginOptions.state_dir (default <plugins-dir>/<driver>).",
 )
 @click.option(
     "--message", default=None, help="Message for unhealthy/unknown/healthy; xid: the driver's text."
@@ -40,7 +43,7 @@ __all__ = ["inject_command"]
     "--timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True, hidden=True
 )
 @click.argument("device")
-@click.argument("action", type=click.Choice([a for a in ACTIONS if a != "status"]))
+@click.argument("action", type=click.Choice([a for a in CONTROL_ACTIONS if a != "status"]))
 def inject_command(
     state_dir: str,
     message: str | None,
@@ -51,19 +54,20 @@ def inject_command(
     device: str,
     action: str,
 ) -> None:
-    """Inject a health change into a running `drahealth driver`.
+    """Inject a health change into a running driver (any driver built on drahealth.driver).
 
     DEVICE is `gpu-3` or `POOL/gpu-3` (`*` for silence/resume). ACTION: `unhealthy`
     (fatal, latched), `healthy` (explicit recovery), `unknown`, `silence` / `resume`
     (all health streams go quiet / come back), `xid` (sim-nvidia: the GPU's NVIDIA XID
     line appended to the node's fake kernel log; the driver's health does not change).
+    `healthy` also clears a latched fault: an operator's explicit recovery.
     """
     path = control_socket_path(state_dir)
     fields = {k: v for k, v in (("xid", xid), ("pid", pid), ("process", process)) if v is not None}
     if fields and action != "xid":
         raise click.UsageError("--xid, --pid and --process go with the xid action only")
     try:
-        reply = request_sync(path, action, device, message, timeout=timeout, fields=fields)
+        reply = control_request_sync(path, action, device, message, timeout=timeout, fields=fields)
     except ControlError as exc:
         raise click.ClickException(str(exc)) from exc
     if "record" in reply:

@@ -1,12 +1,15 @@
 """Toolkit for DRA driver authors: the Python counterpart of the Go kubeletplugin helper.
 
 One entry point, :func:`start`, serves the registration and DRA sockets for a driver
-that implements the narrow :class:`Driver` protocol (``prepare`` / ``unprepare``);
-:class:`HealthHub` aggregates device health from sources and serves it over
-dra-health v1 and v1alpha1; :class:`ResourceSlicePublisher` publishes the driver's
-devices, split at the API limits; :class:`TaintController` turns latched faults into
-device taints; :class:`ClaimStatusWriter` (opt-in) writes each prepared device's health
-into its ResourceClaim's ``status.devices``. See docs/driver.md.
+that implements the narrow :class:`Driver` protocol (``prepare`` / ``unprepare``) and,
+as :class:`PluginOptions` ask, runs what every driver needs beside them: publishing
+its :class:`Pool` of devices as ResourceSlices, health-driven device taints
+(NoSchedule unless the author chooses otherwise), the fault-injection control socket
+that ``drahealth inject`` talks to, and metrics. :class:`HealthHub` aggregates device
+health from sources and serves it over dra-health v1 and v1alpha1. The pieces
+``start`` assembles stay public for drivers that wire them by hand
+(:class:`ResourceSlicePublisher`, :class:`TaintController`, :class:`ControlServer`,
+:class:`DriverMetrics`, :class:`ClaimStatusWriter`). See docs/driver.md.
 
 Names are imported on first use (PEP 562), so importing one submodule does not load
 gRPC and the Kubernetes client. The simulated driver built on this toolkit is a
@@ -21,6 +24,15 @@ from drahealth._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from drahealth.driver._claim_status import ClaimStatusOptions, ClaimStatusWriter
+    from drahealth.driver._control import INJECT_SOURCE, ControlAction, ControlServer
+    from drahealth.driver._control_client import (
+        CONTROL_ACTIONS,
+        CONTROL_SOCKET_NAME,
+        ControlError,
+        control_request,
+        control_request_sync,
+        control_socket_path,
+    )
     from drahealth.driver._hub import (
         OPERATOR_SOURCE,
         DeviceReport,
@@ -31,6 +43,7 @@ if TYPE_CHECKING:
     from drahealth.driver._metrics import DriverMetrics
     from drahealth.driver._plugin import PluginHandle, install_signal_handlers, start
     from drahealth.driver._publisher import WITHDRAW_MODES, ResourceSlicePublisher, WithdrawMode
+    from drahealth.driver._services import PREPARE_FAULT_SOURCE, TAINT_STORE_NAME
     from drahealth.driver._slices import DriverResources, Pool, SliceValidationError, split_pool
     from drahealth.driver._taints import TaintController, TaintPolicy, TaintStore
     from drahealth.driver._types import (
@@ -59,10 +72,21 @@ _EXPORTS: dict[str, str] = {
     "DeviceState": "drahealth.driver._hub",
     "HealthHub": "drahealth.driver._hub",
     "RecoveryPolicy": "drahealth.driver._hub",
+    "ControlAction": "drahealth.driver._control",
+    "ControlServer": "drahealth.driver._control",
+    "CONTROL_ACTIONS": "drahealth.driver._control_client",
+    "CONTROL_SOCKET_NAME": "drahealth.driver._control_client",
+    "INJECT_SOURCE": "drahealth.driver._control",
+    "ControlError": "drahealth.driver._control_client",
+    "control_request": "drahealth.driver._control_client",
+    "control_request_sync": "drahealth.driver._control_client",
+    "control_socket_path": "drahealth.driver._control_client",
     "DriverMetrics": "drahealth.driver._metrics",
     "PluginHandle": "drahealth.driver._plugin",
     "install_signal_handlers": "drahealth.driver._plugin",
     "start": "drahealth.driver._plugin",
+    "PREPARE_FAULT_SOURCE": "drahealth.driver._services",
+    "TAINT_STORE_NAME": "drahealth.driver._services",
     "ResourceSlicePublisher": "drahealth.driver._publisher",
     "WITHDRAW_MODES": "drahealth.driver._publisher",
     "WithdrawMode": "drahealth.driver._publisher",
@@ -90,8 +114,13 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = [
+    "CONTROL_ACTIONS",
+    "CONTROL_SOCKET_NAME",
     "DEFAULT_CDI_DIR",
+    "INJECT_SOURCE",
     "OPERATOR_SOURCE",
+    "PREPARE_FAULT_SOURCE",
+    "TAINT_STORE_NAME",
     "WITHDRAW_MODES",
     "AllocationResult",
     "CheckpointError",
@@ -99,6 +128,9 @@ __all__ = [
     "ClaimRef",
     "ClaimStatusOptions",
     "ClaimStatusWriter",
+    "ControlAction",
+    "ControlError",
+    "ControlServer",
     "DeviceReport",
     "DeviceState",
     "Driver",
@@ -121,6 +153,9 @@ __all__ = [
     "TaintPolicy",
     "TaintStore",
     "WithdrawMode",
+    "control_request",
+    "control_request_sync",
+    "control_socket_path",
     "install_signal_handlers",
     "split_pool",
     "start",

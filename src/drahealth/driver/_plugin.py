@@ -7,11 +7,18 @@ registration socket, and returns a :class:`PluginHandle` (registration status,
 ``stop()``, ``wait()``). Also owns socket hygiene (stale sockets replaced, other
 files refused, permissions, removal on stop) and SIGTERM/SIGINT handling.
 Prepare/unprepare logic lives in ``_prepare``; this module only converts protos.
+What runs beside the sockets (slices, taints, control socket, metrics) is assembled
+by ``_services`` from the options and stopped with the handle.
 
 Typical use::
 
-    handle = await start(MyDriver(), PluginOptions("gpu.example.com", kube_client=client))
-    install_signal_handlers(asyncio.get_running_loop(), handle)
+    handle = await start(
+        MyDriver(hub),
+        PluginOptions("gpu.example.com", node_name=node, kube_client=client,
+                      stop_on_signals=True),
+        health=hub,
+        resources=Pool(devices),
+    )
     await handle.wait()
 """
 
@@ -30,7 +37,16 @@ from typing import Any
 import grpc
 
 from drahealth import api
+from drahealth._metrics_http import MetricsServer
+from drahealth.driver._claim_status import ClaimStatusWriter
+from drahealth.driver._control import ControlServer
+from drahealth.driver._hub import HealthHub
+from drahealth.driver._metrics import DriverMetrics
 from drahealth.driver._prepare import ClaimPreparer, error_type_field, format_error
+from drahealth.driver._publisher import ResourceSlicePublisher
+from drahealth.driver._services import DriverServices
+from drahealth.driver._slices import DriverResources, Pool
+from drahealth.driver._taints import TaintController
 from drahealth.driver._types import (
     ClaimRef,
     Driver,
@@ -248,6 +264,9 @@ class PluginHandle:
 
     ``registration_status`` is the last ``NotifyRegistrationStatus`` (``None``
     before the first); ``registered`` is set while the kubelet reports success.
+    ``hub``, ``metrics``, ``publisher``, ``taints``, ``control``, ``claim_status`` and
+    ``metrics_server`` are what :func:`start` runs beside the sockets (``None`` where
+    the options or a missing hub or API client turn a piece off).
     """
 
     def __init__(
@@ -256,6 +275,7 @@ class PluginHandle:
         preparer: ClaimPreparer,
         supported_versions: list[str],
         dra: tuple[grpc.aio.Server, _Socket],
+        services: DriverServices | None = None,
     ) -> None:
         self.options = options
         self.preparer = preparer
@@ -266,10 +286,46 @@ class PluginHandle:
         self._reg: tuple[grpc.aio.Server, _Socket] | None = None
         self._stopped = asyncio.Event()
         self._stopping: asyncio.Task[None] | None = None
+        self.services = services
+        self._uninstall_signals: Callable[[], None] | None = None
 
     @property
     def driver_name(self) -> str:
         return self.options.driver_name
+
+    @property
+    def hub(self) -> HealthHub | None:
+        """The ``health`` given to :func:`start` when it is a :class:`HealthHub`."""
+        return self.services.hub if self.services else None
+
+    @property
+    def metrics(self) -> DriverMetrics | None:
+        """The driver's metric families (on ``options.metrics_registry``)."""
+        return self.services.metrics if self.services else None
+
+    @property
+    def publisher(self) -> ResourceSlicePublisher | None:
+        """Publishes ``resources`` (needs ``kube_client``)."""
+        return self.services.publisher if self.services else None
+
+    @property
+    def taints(self) -> TaintController | None:
+        """Health-driven slice taints (needs a hub and a publisher)."""
+        return self.services.taints if self.services else None
+
+    @property
+    def control(self) -> ControlServer | None:
+        """The control socket (``<state_dir>/control.sock``; needs a hub)."""
+        return self.services.control if self.services else None
+
+    @property
+    def claim_status(self) -> ClaimStatusWriter | None:
+        return self.services.claim_status if self.services else None
+
+    @property
+    def metrics_server(self) -> MetricsServer | None:
+        """``/metrics`` and ``/healthz`` (``metrics_port``); ``.url`` says where."""
+        return self.services.metrics_server if self.services else None
 
     @property
     def endpoint(self) -> str:
@@ -310,7 +366,12 @@ class PluginHandle:
             await self._dra_server.stop(grace)
             self._dra_socket.remove()
             await self.preparer.close()
+            if self.services is not None:
+                await self.services.stop()
         finally:
+            if self._uninstall_signals is not None:
+                self._uninstall_signals()
+                self._uninstall_signals = None
             self._stopped.set()
             log.info("DRA plugin %s stopped", self.driver_name)
 
@@ -333,16 +394,33 @@ def _grpc_options(options: PluginOptions) -> list[tuple[str, Any]]:
 
 
 async def start(
-    driver: Driver, options: PluginOptions, *, health: HealthServiceProvider | None = None
+    driver: Driver,
+    options: PluginOptions,
+    *,
+    health: HealthServiceProvider | None = None,
+    resources: Pool | DriverResources | None = None,
 ) -> PluginHandle:
     """Start a DRA kubelet plugin for ``driver`` and return its handle.
 
-    Loads the checkpoint (raising ``CheckpointError`` for a corrupt one, already
-    moved aside) and regenerates missing CDI specs, serves the DRA socket
+    Validates ``resources`` (a ``Pool``, named after ``options.node_name``, or
+    ``DriverResources``; ``SliceValidationError`` names the field at fault). Loads the
+    checkpoint (raising ``CheckpointError`` for a corrupt one, already moved aside) and
+    regenerates missing CDI specs, serves the DRA socket
     (``<plugins_dir>/<driver>/dra.sock`` or ``dra-<podUID>.sock``), then the
     registration socket. Advertises ``v1.DRAPlugin``, ``v1beta1.DRAPlugin`` and
-    whatever ``health.add_to_server`` returns, in that order.
+    whatever ``health.add_to_server`` returns (unless ``options.serve_health`` is
+    off), in that order. Then starts what the options ask for beside the sockets
+    (``_services``): with a :class:`HealthHub` as ``health``, the control socket,
+    health metrics and the hub report of permanent device faults; with
+    ``kube_client`` and ``resources``, ResourceSlice publishing and (with a hub)
+    health-driven device taints; ``/metrics`` with ``metrics_port``. A failure in any
+    of them stops what was started and is raised.
     """
+    services = DriverServices(options, health, resources)
+    options = services.options
+    driver = services.prepare_driver(driver)
+    if not options.serve_health:
+        health = None
     gid = _resolve_gid(options.socket_group)
     preparer = ClaimPreparer(driver, options)
     await preparer.load()
@@ -364,7 +442,7 @@ async def start(
         dra_socket.remove()
         await preparer.close()
         raise
-    handle = PluginHandle(options, preparer, versions, (dra_server, dra_socket))
+    handle = PluginHandle(options, preparer, versions, (dra_server, dra_socket), services)
 
     reg_server = grpc.aio.server(options=_grpc_options(options))
     api.registration_grpc.add_RegistrationServicer_to_server(
@@ -380,6 +458,13 @@ async def start(
         await handle.stop(None)
         raise
     handle._reg = (reg_server, reg_socket)
+    try:
+        await services.start(preparer.prepared_claims)
+        if options.stop_on_signals:
+            handle._uninstall_signals = install_signal_handlers(asyncio.get_running_loop(), handle)
+    except BaseException:
+        await handle.stop(None)
+        raise
     log.info(
         "DRA plugin %s serving %s on %s, registration on %s",
         options.driver_name,

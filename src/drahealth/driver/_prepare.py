@@ -51,6 +51,7 @@ from lightkube.resources.resource_v1 import ResourceClaim
 from drahealth import api
 from drahealth.driver._cdi import CDISpecs
 from drahealth.driver._checkpoint import Checkpoint, CheckpointDevice, ClaimEntry, ClaimState
+from drahealth.driver._commit import Change, GroupCommit
 from drahealth.driver._types import (
     AllocationResult,
     CheckpointError,
@@ -259,7 +260,7 @@ class ClaimPreparer:
         self._state_lock = asyncio.Lock()
         self._serialize_flock = FileLock(options.lock_path) if self._shared else None
         self._state_flock = FileLock(options.checkpoint_path + ".lock") if self._shared else None
-        self._claims: dict[str, ClaimEntry] = {}
+        self._commit = GroupCommit(self._checkpoint, {})
         self._counter = _make_counter(options)
         self._claim_watch: Reflector[ResourceClaim] | None = None
         #: prepares answered from the claim cache / by a GET (``claim_cache`` on)
@@ -279,22 +280,24 @@ class ClaimPreparer:
 
     def prepared_claims(self) -> dict[str, ClaimEntry]:
         """A copy of the checkpointed claims as last read or written."""
-        return dict(self._claims)
+        return dict(self._commit.durable)
 
     async def load(self) -> None:
         os.makedirs(self._options.effective_state_dir, exist_ok=True)
-        self._claims = await asyncio.to_thread(self._checkpoint.load)
+        self._commit.reset(await asyncio.to_thread(self._checkpoint.load))
         if self._cdi is not None:
-            await asyncio.to_thread(self._cdi.regenerate, self._claims)
+            await asyncio.to_thread(self._cdi.regenerate, self._commit.durable)
         if self._options.claim_cache and self._client is not None and self._claim_watch is None:
             self._claim_watch = Reflector(self._client, ResourceClaim, name="claim-cache")
             await self._claim_watch.start()
 
     async def close(self) -> None:
-        """Stop the claim cache's watch (if any). Idempotent."""
+        """Stop the claim cache's watch (if any) and wait for checkpoint writes in
+        flight. Idempotent."""
         watch, self._claim_watch = self._claim_watch, None
         if watch is not None:
             await watch.stop()
+        await self._commit.flush()
 
     # -- prepare -----------------------------------------------------------
 
@@ -361,7 +364,7 @@ class ClaimPreparer:
 
     async def _prepare_locked(
         self, claims: Sequence[PreparedClaimRequest]
-    ) -> dict[str, PrepareResult]:
+    ) -> tuple[dict[str, PrepareResult], Settle | None]:
         out: dict[str, PrepareResult] = {}
         replay: dict[str, ClaimEntry] = {}
         call: list[PreparedClaimRequest] = []
@@ -395,15 +398,15 @@ class ClaimPreparer:
             return bool(call)
 
         try:
-            await self._mutate(plan)
+            await (await self._mutate(plan))
         except (OSError, CheckpointError) as exc:
             err = _as_claim_error(exc, "recording prepare in the checkpoint")
-            return {c.uid: PrepareResult(error=err) for c in claims}
+            return {c.uid: PrepareResult(error=err) for c in claims}, None
 
         for uid, entry in replay.items():
             out[uid] = await self._replay(uid, entry)
         if not call:
-            return out
+            return out, None
 
         answers = await self._call_driver_prepare(call)
         completed: dict[str, ClaimEntry] = {}
@@ -424,19 +427,19 @@ class ClaimPreparer:
                 else:
                     completed[c.uid] = done
                     out[c.uid] = PrepareResult.ok(_reply_devices(done))
-        if completed:
+        if not completed:
+            return out, None
 
-            def finish(state: dict[str, ClaimEntry]) -> bool:
-                state.update(completed)
-                return True
+        def finish(state: dict[str, ClaimEntry]) -> bool:
+            state.update(completed)
+            return True
 
-            try:
-                await self._mutate(finish)
-            except (OSError, CheckpointError) as exc:
-                err = _as_claim_error(exc, "recording prepared devices in the checkpoint")
-                for uid in completed:
-                    out[uid] = PrepareResult(error=err)
-        return out
+        def failed(exc: Exception) -> None:
+            err = _as_claim_error(exc, "recording prepared devices in the checkpoint")
+            for uid in completed:
+                out[uid] = PrepareResult(error=err)
+
+        return out, await self._settle_after(finish, failed)
 
     async def _call_driver_prepare(
         self, claims: Sequence[PreparedClaimRequest]
@@ -503,7 +506,9 @@ class ClaimPreparer:
                 log.warning("unprepare of claim %s failed: %s", ref, err.message)
         return out
 
-    async def _unprepare_locked(self, refs: Sequence[ClaimRef]) -> dict[str, ClaimError | None]:
+    async def _unprepare_locked(
+        self, refs: Sequence[ClaimRef]
+    ) -> tuple[dict[str, ClaimError | None], Settle | None]:
         out: dict[str, ClaimError | None] = {}
         try:
             answers: Mapping[str, Exception | None] = await self._driver.unprepare(refs)
@@ -534,13 +539,14 @@ class ClaimPreparer:
                 changed = state.pop(uid, None) is not None or changed
             return changed
 
-        if done:
-            try:
-                await self._mutate(forget)
-            except (OSError, CheckpointError) as exc:
-                err = _as_claim_error(exc, "removing claims from the checkpoint")
-                out.update(dict.fromkeys(done, err))
-        return out
+        if not done:
+            return out, None
+
+        def failed(exc: Exception) -> None:
+            err = _as_claim_error(exc, "removing claims from the checkpoint")
+            out.update(dict.fromkeys(done, err))
+
+        return out, await self._settle_after(forget, failed)
 
     # -- plumbing ----------------------------------------------------------
 
@@ -548,30 +554,39 @@ class ClaimPreparer:
         self,
         queue: list[tuple[Sequence[Any], asyncio.Future[dict[str, Any]]]],
         items: Sequence[Any],
-        locked: Callable[[Sequence[Any]], Awaitable[dict[str, Any]]],
+        locked: Callable[[Sequence[Any]], Awaitable[tuple[dict[str, Any], Settle | None]]],
     ) -> dict[str, Any]:
-        """Run ``locked`` for ``items`` under the serialization lock, in group commit:
-        the caller that gets the lock takes every call queued behind it along, so N
-        concurrent calls cost one driver call and one checkpoint write, not N in a row."""
+        """Run ``locked`` for ``items`` under the serialization lock, batched: the
+        caller that gets the lock takes every call queued behind it along, so N
+        concurrent calls cost one driver call, not N in a row. The last checkpoint
+        write of a batch is waited for (``Settle``) after the lock is released, so
+        the next batch's first write shares it (see ``_commit``); nobody is answered
+        before it is durable."""
         if not self._options.serialize:
-            return await locked(items)
+            results, settle = await locked(items)
+            if settle is not None:
+                await settle()
+            return results
         done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         queue.append((items, done))
-        async with self._serialized():
-            if not done.done():
-                batch = list(queue)
-                queue.clear()
-                merged = list({i.uid: i for items_, _ in batch for i in items_}.values())
-                try:
-                    results = await locked(merged)
-                except BaseException as exc:
-                    for _, fut in batch:
-                        if not fut.done():
-                            fut.set_exception(exc)
-                    raise
-                for items_, fut in batch:
-                    if not fut.done():
-                        fut.set_result({i.uid: results[i.uid] for i in items_})
+        batch: list[tuple[Sequence[Any], asyncio.Future[dict[str, Any]]]] = []
+        try:
+            async with self._serialized():
+                if not done.done():
+                    batch = list(queue)
+                    queue.clear()
+                    merged = list({i.uid: i for items_, _ in batch for i in items_}.values())
+                    results, settle = await locked(merged)
+            if batch and settle is not None:
+                await settle()
+        except BaseException as exc:
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+            raise
+        for items_, fut in batch:
+            if not fut.done():
+                fut.set_result({i.uid: results[i.uid] for i in items_})
         return await done
 
     @contextlib.asynccontextmanager
@@ -586,20 +601,40 @@ class ClaimPreparer:
             async with self._serialize_flock:
                 yield
 
-    async def _mutate(self, change: Callable[[dict[str, ClaimEntry]], bool]) -> None:
-        """Apply ``change`` to the checkpointed claims and save if it returns True.
+    async def _mutate(self, change: Change) -> asyncio.Future[None]:
+        """Apply ``change`` to the checkpointed claims (a save follows if it returns
+        True); returns the future that resolves once the claims as changed are
+        durable, or fails with the write's error.
 
-        One transaction: in-process lock, plus an flock and a re-read of the file when
-        rolling-update instances share it.
+        Alone on the file, the change is applied at once and its write is shared with
+        every change made meanwhile (group commit, see ``_commit``). When
+        rolling-update instances share the file, the whole transaction runs before
+        this returns: in-process lock, flock, re-read of the file, change, write.
         """
-        async with self._state_lock, contextlib.AsyncExitStack() as stack:
-            if self._state_flock is not None:
-                await stack.enter_async_context(self._state_flock)
-                self._claims = await asyncio.to_thread(self._checkpoint.load)
-            state = dict(self._claims)
-            if change(state):
-                await asyncio.to_thread(self._checkpoint.save, state)
-                self._claims = state
+        if self._state_flock is None:
+            return self._commit.apply(change)
+        async with self._state_lock, self._state_flock:
+            self._commit.reset(await asyncio.to_thread(self._checkpoint.load))
+            durable = self._commit.apply(change)
+            await asyncio.wait([durable])
+            return durable
+
+    async def _settle_after(self, change: Change, failed: Callable[[Exception], None]) -> Settle:
+        """Apply ``change`` now; the returned ``Settle`` waits for its write and calls
+        ``failed`` with the error if the write (or, shared, the re-read) failed."""
+        try:
+            durable = await self._mutate(change)
+        except (OSError, CheckpointError) as exc:
+            failed(exc)
+            return _settled
+
+        async def settle() -> None:
+            try:
+                await durable
+            except (OSError, CheckpointError) as exc:
+                failed(exc)
+
+        return settle
 
     async def _maybe_device_fault(self, error: ClaimError) -> None:
         callback = self._options.on_device_fault
@@ -620,6 +655,14 @@ class ClaimPreparer:
         if self._counter is not None:
             outcome = "ok" if error is None else error.kind.value
             self._counter.labels(self._options.driver_name, operation, outcome).inc()
+
+
+#: Waits for a batch's last checkpoint write after the serialization lock is released.
+Settle = Callable[[], Awaitable[None]]
+
+
+async def _settled() -> None:
+    return None
 
 
 def _admin_access(results: Sequence[AllocationResult], device: PreparedDevice) -> bool:

@@ -37,6 +37,10 @@ if TYPE_CHECKING:
     from lightkube.resources.resource_v1 import ResourceClaim
     from prometheus_client import CollectorRegistry
 
+    from drahealth.driver._control import ControlAction
+    from drahealth.driver._publisher import WithdrawMode
+    from drahealth.driver._taints import TaintPolicy
+
 __all__ = [
     "AllocationResult",
     "CheckpointError",
@@ -365,7 +369,34 @@ class PluginOptions:
     ``enable_error_type_field``: see the module docstring (KEP-5322, not merged).
     ``on_device_fault``: called with ``(pool, device, message)`` for every
     ``PERMANENT_DEVICE`` error (the glue taints the device).
-    ``metrics_registry``: prometheus registry for the claim-operation counter.
+    ``metrics_registry``: prometheus registry for the claim-operation counter and,
+    from :func:`start`, every other ``drahealth_driver_*`` family (a new one when
+    ``None``; see ``handle.metrics``).
+
+    What :func:`start` runs beside the sockets (docs/driver.md, "What start() runs"):
+
+    ``serve_health``: advertise and serve the hub's dra-health services on the DRA
+    socket (``True``); ``False`` keeps the hub for the control socket, taints and
+    metrics only (a driver that, like NVIDIA's, streams no health).
+    ``health_taints``: with a hub and published resources, turn latched faults into
+    ResourceSlice device taints (``True``). ``taint_policy``: how (``None``:
+    ``TaintPolicy(driver_name)``, i.e. ``<driver>/unhealthy`` with effect
+    **NoSchedule**; ``NoExecute`` only when you choose it, see the docs on eviction).
+    ``withdraw_unhealthy``: ``"never"`` (default), ``"auto"`` or ``"always"``: leave
+    tainted devices out of the slices (``ResourceSlicePublisher``).
+    ``report_device_faults``: with a hub, every ``PERMANENT_DEVICE`` prepare error is
+    also a fatal report from source ``"prepare"`` (``True``), so it latches and taints.
+    ``refuse_unhealthy``: with a hub, a claim with a device latched Unhealthy (or one
+    the hub does not know) fails before the driver is called (``False``).
+    ``control_socket``: with a hub, serve ``<state_dir>/control.sock`` for
+    ``drahealth inject`` and operator recovery (``True``); ``control_actions``: extra
+    actions by name (:class:`ControlAction`).
+    ``claim_status``: with a hub and ``kube_client``, write device health into
+    prepared claims' ``status.devices`` (``False``; :class:`ClaimStatusWriter`).
+    ``metrics_port``: serve ``/metrics`` and ``/healthz`` on ``metrics_host``
+    (``127.0.0.1``) at this port (``None``: not served; 0: any free port).
+    ``stop_on_signals``: SIGTERM/SIGINT stop the plugin (``False``; see
+    :func:`install_signal_handlers`).
     """
 
     driver_name: str
@@ -385,9 +416,34 @@ class PluginOptions:
     enable_error_type_field: bool = False
     on_device_fault: DeviceFaultCallback | None = None
     metrics_registry: CollectorRegistry | None = None
+    serve_health: bool = True
+    health_taints: bool = True
+    taint_policy: TaintPolicy | None = None
+    withdraw_unhealthy: WithdrawMode = "never"
+    report_device_faults: bool = True
+    refuse_unhealthy: bool = False
+    control_socket: bool = True
+    control_actions: Mapping[str, ControlAction] = field(default_factory=dict)
+    claim_status: bool = False
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    stop_on_signals: bool = False
 
     def __post_init__(self) -> None:
         validate_driver_name(self.driver_name)
+        if self.metrics_port is not None and (
+            isinstance(self.metrics_port, bool)
+            or not isinstance(self.metrics_port, int)
+            or not 0 <= self.metrics_port <= 65535
+        ):
+            raise ValueError(
+                f"metrics_port must be a port number from 0 to 65535 or None, "
+                f"got {self.metrics_port!r}"
+            )
+        if self.withdraw_unhealthy not in ("never", "auto", "always"):
+            raise ValueError(
+                f"withdraw_unhealthy {self.withdraw_unhealthy!r}: choose one of never, auto, always"
+            )
         if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9_-]*[A-Za-z0-9])?", self.cdi_class):
             raise ValueError(
                 f"cdi_class {self.cdi_class!r} is not a valid CDI class "

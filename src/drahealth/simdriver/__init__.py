@@ -1,13 +1,14 @@
 """The simulated DRA driver: a program built on the driver toolkit, not part of it.
 
 Owns the sample driver (simulated GPU and NIC profiles, the host's PCI functions, and
-GPUs published as NVIDIA's DRA driver publishes them with a fake kernel log, wired to
-every piece of ``drahealth.driver``) and its fault-injection control socket
-(server and standard-library-only client). ``drahealth driver`` runs it and
-``drahealth inject`` talks to it.
+GPUs published as NVIDIA's DRA driver publishes them with a fake kernel log), built on
+``drahealth.driver.start`` like any other driver: its slices, taints, metrics and
+fault-injection control socket are the toolkit's. ``drahealth driver`` runs it;
+``drahealth inject`` talks to its control socket as to any toolkit driver's. The
+control socket's names are still exported here under their first names
+(``request``, ``ProfileAction``, ...), pointing at the toolkit's.
 
-Names are imported on first use (PEP 562), so the control client behind
-``drahealth inject`` loads neither gRPC nor the Kubernetes client.
+Names are imported on first use (PEP 562).
 """
 
 from __future__ import annotations
@@ -34,19 +35,13 @@ if TYPE_CHECKING:
         sim_nic_pool,
     )
     from drahealth.simdriver._control import (
-        INJECT_SOURCE,
-        ControlServer,
-        ProfileAction,
-        handle_line,
-        handle_request,
-    )
-    from drahealth.simdriver._control_client import (
         ACTIONS,
         CONTROL_SOCKET_NAME,
-        MAX_LINE_BYTES,
+        INJECT_SOURCE,
         ControlError,
+        ControlServer,
+        ProfileAction,
         control_socket_path,
-        encode_line,
         request,
         request_sync,
     )
@@ -69,7 +64,6 @@ if TYPE_CHECKING:
 
 _APP = "drahealth.simdriver._app"
 _CONTROL = "drahealth.simdriver._control"
-_CLIENT = "drahealth.simdriver._control_client"
 _NVIDIA = "drahealth.simdriver._nvidia"
 _DCGM = "drahealth.simdriver._fake_dcgm"
 
@@ -91,16 +85,12 @@ _EXPORTS: dict[str, str] = {
     "sim_nic_pool": _APP,
     "INJECT_SOURCE": _CONTROL,
     "ControlServer": _CONTROL,
-    "handle_line": _CONTROL,
-    "handle_request": _CONTROL,
-    "ACTIONS": _CLIENT,
-    "CONTROL_SOCKET_NAME": _CLIENT,
-    "MAX_LINE_BYTES": _CLIENT,
-    "ControlError": _CLIENT,
-    "control_socket_path": _CLIENT,
-    "encode_line": _CLIENT,
-    "request": _CLIENT,
-    "request_sync": _CLIENT,
+    "ACTIONS": _CONTROL,
+    "CONTROL_SOCKET_NAME": _CONTROL,
+    "ControlError": _CONTROL,
+    "control_socket_path": _CONTROL,
+    "request": _CONTROL,
+    "request_sync": _CONTROL,
     "ProfileAction": _CONTROL,
     "DEFAULT_NVIDIA_RELEASE": _NVIDIA,
     "KERNEL_LOG_NAME": _NVIDIA,
@@ -126,7 +116,6 @@ __all__ = [
     "DEFAULT_NVIDIA_RELEASE",
     "INJECT_SOURCE",
     "KERNEL_LOG_NAME",
-    "MAX_LINE_BYTES",
     "NO_KUBECONFIG_MESSAGE",
     "NVIDIA_DRIVER_NAME",
     "NVIDIA_RELEASES",
@@ -149,9 +138,6 @@ __all__ = [
     "build_resources",
     "control_socket_path",
     "device_uuid",
-    "encode_line",
-    "handle_line",
-    "handle_request",
     "kmsg_record",
     "nvidia_attributes",
     "pci_attribute",

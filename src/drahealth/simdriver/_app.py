@@ -50,13 +50,18 @@ from lightkube.models.resource_v1 import (
     DeviceCounterConsumption,
 )
 
+from drahealth import api
 from drahealth._aio import cancel_and_wait, on_stop_signals
 from drahealth._metrics_http import MetricsServer
 from drahealth.core import Health
 from drahealth.driver import (
+    PREPARE_FAULT_SOURCE,
+    TAINT_STORE_NAME,
     WITHDRAW_MODES,
     ClaimRef,
     ClaimStatusWriter,
+    ControlAction,
+    ControlServer,
     DeviceReport,
     DriverMetrics,
     DriverResources,
@@ -71,12 +76,10 @@ from drahealth.driver import (
     ResourceSlicePublisher,
     TaintController,
     TaintPolicy,
-    TaintStore,
     WithdrawMode,
     split_pool,
     start,
 )
-from drahealth.simdriver._control import ControlServer, ProfileAction, control_socket_path
 from drahealth.simdriver._nvidia import (
     DEFAULT_NVIDIA_RELEASE,
     KERNEL_LOG_NAME,
@@ -116,11 +119,9 @@ DEFAULT_DRIVER_NAMES = {
     "sim-pci": "pci.example.com",
     "sim-nvidia": NVIDIA_DRIVER_NAME,
 }
-#: Hub source of the simulated health source and of permanent faults seen by prepare.
+#: Hub source of the simulated health source (permanent faults seen by prepare come
+#: from the toolkit's ``PREPARE_FAULT_SOURCE``, taints persist in its ``TAINT_STORE_NAME``).
 SIM_SOURCE = "sim"
-PREPARE_FAULT_SOURCE = "prepare"
-#: File of the persisted health taints inside the state directory.
-TAINT_STORE_NAME = "device-taints.json"
 NO_KUBECONFIG_MESSAGE = (
     "no --kubeconfig: ResourceSlices are not published and claims cannot be fetched"
 )
@@ -467,7 +468,6 @@ class SampleDriverApp:
             for d in pool.devices
         ]
         self.hub = HealthHub(self.device_ids, default_timeout_seconds=config.health_timeout)
-        self.metrics = DriverMetrics(config.driver_name)
         self.source = SimulatedHealthSource(
             self.hub, self.device_ids, max(0.05, config.health_timeout / 3)
         )
@@ -495,15 +495,35 @@ class SampleDriverApp:
         )
         self.client: AsyncClient | None = None
         self.handle: PluginHandle | None = None
-        self.control: ControlServer | None = None
-        self.metrics_server: MetricsServer | None = None
-        self.publisher: ResourceSlicePublisher | None = None
-        self.claim_status: ClaimStatusWriter | None = None
-        self.taints: TaintController | None = None
         self.kernel_log: KernelLog | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._unwatch: Callable[[], None] | None = None
         self._stop = asyncio.Event()
+
+    # What the toolkit's start() runs for this driver (None before start).
+
+    @property
+    def metrics(self) -> DriverMetrics | None:
+        return self.handle.metrics if self.handle else None
+
+    @property
+    def control(self) -> ControlServer | None:
+        return self.handle.control if self.handle else None
+
+    @property
+    def metrics_server(self) -> MetricsServer | None:
+        return self.handle.metrics_server if self.handle else None
+
+    @property
+    def publisher(self) -> ResourceSlicePublisher | None:
+        return self.handle.publisher if self.handle else None
+
+    @property
+    def taints(self) -> TaintController | None:
+        return self.handle.taints if self.handle else None
+
+    @property
+    def claim_status(self) -> ClaimStatusWriter | None:
+        return self.handle.claim_status if self.handle else None
 
     def plugin_options(self) -> PluginOptions:
         """The toolkit options for this configuration (API client set by ``start``)."""
@@ -517,16 +537,18 @@ class SampleDriverApp:
             state_dir=c.state_dir,
             pod_uid=c.pod_uid,
             kube_client=self.client,
-            on_device_fault=self._on_device_fault,
-            metrics_registry=self.metrics.registry,
             enable_error_type_field=c.error_type_field,
             claim_cache=c.claim_cache,
-        )
-
-    def _on_device_fault(self, pool: str, device: str, message: str) -> None:
-        log.warning("permanent fault of device %s/%s seen by prepare: %s", pool, device, message)
-        self.hub.submit(
-            PREPARE_FAULT_SOURCE, [DeviceReport(pool, device, Health.UNHEALTHY, message, True)]
+            # NVIDIA's plugins serve no health stream and taint nothing; neither does
+            # their simulation (its hub still answers the control socket)
+            serve_health=self.streams_health,
+            health_taints=self.streams_health,
+            taint_policy=TaintPolicy(c.driver_name, withdraw_unknown=c.withdraw_unknown),
+            withdraw_unhealthy=c.withdraw_unhealthy,
+            claim_status=c.claim_status,
+            control_actions=self._profile_actions(),
+            metrics_port=c.metrics_port,
+            metrics_host=c.metrics_host,
         )
 
     async def start(self) -> None:
@@ -554,45 +576,13 @@ class SampleDriverApp:
             self.hub.submit(self.pci.name, self.pci.poll())
         else:
             self.source.report()  # every device Healthy before the first stream opens
-        self._unwatch = self.metrics.watch_hub(self.hub)
         if c.kubeconfig is not None or c.in_cluster:
             from drahealth.kube import make_client
 
             self.client = make_client(c.kubeconfig)
-        options = self.plugin_options()
-        health = self.hub if self.streams_health else None
-        self.handle = await start(self.metrics.instrument(self.driver), options, health=health)
-        self.control = ControlServer(
-            self.hub, control_socket_path(options.effective_state_dir), self._profile_actions()
+        self.handle = await start(
+            self.driver, self.plugin_options(), health=self.hub, resources=self.resources
         )
-        await self.control.start()
-        if c.metrics_port is not None:
-            self.metrics_server = MetricsServer(self.metrics.registry)
-            await self.metrics_server.start(c.metrics_host, c.metrics_port)
-        if self.client is not None:
-            self.publisher = ResourceSlicePublisher(
-                self.client,
-                c.driver_name,
-                c.node_name,
-                withdraw_unhealthy=c.withdraw_unhealthy,
-            )
-            self.metrics.watch_publisher(self.publisher)
-            self.publisher.publish(self.resources)
-        if self.client is not None and self.publisher is not None and self.streams_health:
-            self.taints = TaintController(
-                self.hub,
-                TaintPolicy(c.driver_name, withdraw_unknown=c.withdraw_unknown),
-                self.publisher.set_device_taints,
-                store=TaintStore(os.path.join(options.effective_state_dir, TAINT_STORE_NAME)),
-                withdraw=self.publisher.set_withdrawn,
-            )
-            await self.taints.start()
-            if c.claim_status:
-                assert self.handle is not None
-                self.claim_status = ClaimStatusWriter(
-                    self.hub, self.client, c.driver_name, self.handle.preparer.prepared_claims
-                )
-                await self.claim_status.start()
         if self.pci is not None:
             from drahealth.sources import run_source
 
@@ -600,13 +590,14 @@ class SampleDriverApp:
         else:
             self._tasks.append(asyncio.create_task(self.source.run(), name="sim-health"))
 
-    def _profile_actions(self) -> dict[str, ProfileAction]:
+    def _profile_actions(self) -> dict[str, ControlAction]:
         """The control actions only this profile serves (sim-nvidia: ``xid``)."""
         c = self.config
         if c.profile != "sim-nvidia":
             return {}
-        state_dir = self.plugin_options().effective_state_dir
-        self.kernel_log = KernelLog(c.kernel_log or os.path.join(state_dir, KERNEL_LOG_NAME))
+        if self.kernel_log is None:
+            state_dir = c.state_dir or api.plugin_data_dir(c.driver_name, c.plugins_dir)
+            self.kernel_log = KernelLog(c.kernel_log or os.path.join(state_dir, KERNEL_LOG_NAME))
         gpus = {g.name: g.pci_bus_id for g in sim_nvidia_gpus(c.node_name, c.devices)}
         return {"xid": XidAction(self.kernel_log, gpus)}
 
@@ -630,22 +621,8 @@ class SampleDriverApp:
         self.hub.close()
         if self.handle is not None:
             await self.handle.stop()
-        if self.control is not None:
-            await self.control.close()
         await cancel_and_wait(self._tasks)
         self._tasks.clear()
-        if self.claim_status is not None:
-            await self.claim_status.stop()
-            self.claim_status = None
-        if self.taints is not None:
-            await self.taints.stop()
-        if self.publisher is not None:
-            await self.publisher.stop()
-        if self.metrics_server is not None:
-            await self.metrics_server.stop()
-        if self._unwatch is not None:
-            self._unwatch()
-            self._unwatch = None
         if self.client is not None:
             await self.client.close()
             self.client = None

@@ -286,7 +286,7 @@ class XidAction:
         self.pci_bus_ids = dict(pci_bus_ids)  # device name -> PCI bus ID
 
     def __call__(self, state: DeviceState, req: Mapping[str, Any]) -> dict[str, Any]:
-        from drahealth.simdriver._control_client import ControlError
+        from drahealth.driver import ControlError
 
         xid = req.get("xid", 79)
         if isinstance(xid, bool) or not isinstance(xid, int) or not 0 <= xid <= 0xFFFFFFFF:

@@ -17,16 +17,14 @@ import pytest
 
 from drahealth.core import Health
 from drahealth.driver._hub import DeviceReport, HealthHub
-from drahealth.simdriver import (
+from drahealth.driver import (
     INJECT_SOURCE,
-    MAX_LINE_BYTES,
     ControlError,
     ControlServer,
     control_socket_path,
-    handle_line,
-    handle_request,
-    request,
 )
+from drahealth.driver import control_request as request
+from drahealth.driver._control import MAX_LINE_BYTES, handle_line, handle_request
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -247,7 +245,7 @@ async def test_client_reports_driver_errors(server: ControlServer, hub: HealthHu
 
 async def test_client_without_driver(state_dir: str) -> None:
     path = control_socket_path(state_dir)
-    with pytest.raises(ControlError, match=r"no control socket at .*is `drahealth driver` running"):
+    with pytest.raises(ControlError, match=r"no control socket at .*is the driver running with this state directory"):
         await request(path, "silence")
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stale.bind(path)

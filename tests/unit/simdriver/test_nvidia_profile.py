@@ -14,6 +14,7 @@ import pytest
 
 from drahealth.core import Health, normalize_key, normalize_pci_address
 from drahealth.driver._hub import DeviceReport, HealthHub
+from drahealth.driver._control import handle_line, handle_request
 from drahealth.simdriver import (
     DEFAULT_DRIVER_NAMES,
     NVIDIA_RELEASES,
@@ -22,8 +23,6 @@ from drahealth.simdriver import (
     SampleDriverConfig,
     XidAction,
     build_resources,
-    handle_line,
-    handle_request,
     kmsg_record,
     nvidia_attributes,
     pci_attribute,
@@ -267,7 +266,7 @@ def test_xid_fields_are_unknown_to_other_actions_and_profiles(
     reply = handle_request(hub, {"action": "unhealthy", "device": "gpu-0", "xid": 79}, {"xid": xid})
     assert reply["error"] == "unknown field(s) in request: xid"
     reply = handle_request(hub, {"action": "xid", "device": "gpu-0"})
-    assert reply["error"] == "action 'xid' is not served by this driver's profile"
+    assert reply["error"] == "action 'xid' is not served by this driver"
 
 
 def test_xid_action_reports_a_log_it_cannot_write(

@@ -4,7 +4,7 @@ Owns the socket's location (``<state-dir>/control.sock``), the line limit, the
 action names, the line encoding and :func:`request` / :func:`request_sync`. It
 imports only the standard library, so ``drahealth inject`` starts in a fraction of
 the time the full driver takes to import. The protocol is described in
-``drahealth.simdriver._control``, which serves it.
+``drahealth.driver._control``, which serves it.
 """
 
 from __future__ import annotations
@@ -18,9 +18,12 @@ from typing import Any
 
 __all__ = [
     "ACTIONS",
+    "CONTROL_ACTIONS",
     "CONTROL_SOCKET_NAME",
     "MAX_LINE_BYTES",
     "ControlError",
+    "control_request",
+    "control_request_sync",
     "control_socket_path",
     "encode_line",
     "request",
@@ -32,8 +35,8 @@ CONTROL_SOCKET_NAME = "control.sock"
 #: Longest accepted request line, newline included.
 MAX_LINE_BYTES = 64 * 1024
 #: Actions a request may name; all but ``status`` are ``drahealth inject`` actions
-#: (``xid`` only where the driver's profile serves it).
-ACTIONS = ("unhealthy", "healthy", "unknown", "silence", "resume", "status", "xid")
+#: (``xid`` only where the driver serves it, as the simulated ``sim-nvidia`` does).
+CONTROL_ACTIONS = ("unhealthy", "healthy", "unknown", "silence", "resume", "status", "xid")
 
 
 class ControlError(Exception):
@@ -50,7 +53,7 @@ def encode_line(obj: Mapping[str, Any]) -> bytes:
     return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
 
 
-async def request(
+async def control_request(
     path: str,
     action: str,
     device: str | None = None,
@@ -85,7 +88,7 @@ async def request(
                     await writer.wait_closed()
     except FileNotFoundError:
         raise ControlError(
-            f"no control socket at {path}: is `drahealth driver` running with this --state-dir?"
+            f"no control socket at {path}: is the driver running with this state directory?"
         ) from None
     except ConnectionRefusedError:
         raise ControlError(
@@ -110,7 +113,7 @@ async def request(
     return reply
 
 
-def request_sync(
+def control_request_sync(
     path: str,
     action: str,
     device: str | None = None,
@@ -119,5 +122,13 @@ def request_sync(
     timeout: float = 5.0,
     fields: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Blocking :func:`request` (for the CLI)."""
-    return asyncio.run(request(path, action, device, message, timeout=timeout, fields=fields))
+    """Blocking :func:`control_request` (for the CLI)."""
+    return asyncio.run(
+        control_request(path, action, device, message, timeout=timeout, fields=fields)
+    )
+
+
+# The names ``drahealth.simdriver`` exported before the socket joined the toolkit.
+ACTIONS = CONTROL_ACTIONS
+request = control_request
+request_sync = control_request_sync
