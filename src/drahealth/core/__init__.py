@@ -7,6 +7,7 @@ asyncio, aiohttp, lightkube or httpx).
 
 from drahealth.core._aftercare import Aftercare, Notice, RepairRun, repair_env
 from drahealth.core._attach import (
+    DEVICE_NAME_KEY,
     POD_CONDITION_TYPE,
     UNLISTED_CHOICES,
     AttachedHealth,
@@ -251,6 +252,7 @@ __all__ = [
     "DEFAULT_NODE_TAINT_KEY",
     "DEFAULT_TAINT_KEY",
     "DEFAULT_TIMEOUT_SECONDS",
+    "DEVICE_NAME_KEY",
     "DEVICE_NAME_MAX",
     "DNS_LABEL_MAX",
     "DNS_LABEL_PATTERN",

@@ -213,6 +213,19 @@ class AttachIndex:
         """The device's attributes by qualified name (empty for an unknown device)."""
         return dict(self._attrs.get(key, {}))
 
+    def values(self, attribute: str) -> tuple[str, ...]:
+        """The values the devices publish for ``attribute`` as text, sorted, each once
+        (device names for ``name``; empty when no device publishes it)."""
+        resolved = self.resolve_attribute(attribute)
+        if resolved is None:
+            return ()
+        found: set[str] = set()
+        for key, attrs in self._attrs.items():
+            value = key.device if resolved == DEVICE_NAME_KEY else attrs.get(resolved)
+            if value is not None:
+                found.add(str(value).lower() if isinstance(value, bool) else str(value))
+        return tuple(sorted(found))
+
     def resolve_attribute(self, attribute: str) -> str | None:
         """The qualified attribute name ``attribute`` means here, or None when no device
         publishes it. ``name`` is the device's name. Without a domain, the driver's own
@@ -519,18 +532,31 @@ class AttachedHealth:
     def _lookup(
         self, spec: SourceSpec, by: str, value: object
     ) -> tuple[tuple[DeviceKey, ...], str]:
+        attribute = self._attribute(spec, by)
+        return self.index.lookup(attribute, value, hint=by), attribute
+
+    def _attribute(self, spec: SourceSpec, by: str) -> str:
+        """The attribute a signal of ``spec`` keyed ``by`` is looked up in (the order in the
+        module docstring)."""
         index = self.index
         if spec.match is not None:
-            attribute = spec.match.attribute
-        elif index.resolve_attribute(by) is not None:
-            attribute = by
-        elif self.key is not None:
-            attribute = self.key.attribute
-        elif _short(by).lower() in PCI_ATTRIBUTES and (pci := index.pci_attribute()):
-            attribute = pci
-        else:
-            attribute = by
-        return index.lookup(attribute, value, hint=by), attribute
+            return spec.match.attribute
+        if index.resolve_attribute(by) is not None:
+            return by
+        if self.key is not None:
+            return self.key.attribute
+        if _short(by).lower() in PCI_ATTRIBUTES and (pci := index.pci_attribute()):
+            return pci
+        return by
+
+    def keys_for(self, source: str, by: str) -> tuple[str, ...]:
+        """The values the watched devices publish for the attribute that signals of
+        ``source`` keyed ``by`` are matched on: what a source that probes devices one by
+        one (a PCI address, a UUID) has to probe. Empty for an unknown source."""
+        state = self.sources.get(source)
+        if state is None:
+            return ()
+        return self.index.values(self._attribute(state.spec, by))
 
     def _remember(self, state: SourceState, kind: str, attribute: str, value: str) -> bool:
         """True the first time this problem is seen (up to the bound)."""

@@ -6,7 +6,7 @@ settings (:class:`AttachConfig`, :class:`DriverAttach`, :class:`SourceSettings`)
 :data:`SOURCE_KINDS`, the table ``kind -> builder`` that turns one source entry into an
 :class:`~drahealth.sources.AttachedSource`. A source kind is added with one line::
 
-    SOURCE_KINDS["pci"] = constructs("PciAttachedSource")
+    SOURCE_KINDS["smi"] = constructs("SmiSource")
 
 A builder gets the entry's :class:`SourceSettings`; :func:`constructs` builds the named
 class of :mod:`drahealth.sources` (imported on first use, so an agent without the
@@ -170,6 +170,9 @@ SOURCE_KINDS: dict[str, Builder] = {
     "kmsg": constructs("KmsgSource"),
     "dcgm": constructs("DcgmExporterSource", thresholds="DcgmThresholds"),
     "nvml": constructs("NvmlAttachedSource", thresholds="NvmlThresholds"),
+    "pci": constructs("PciAttachedSource", aer="AerThresholds"),
+    "exec": constructs("ExecAttachedProbe"),
+    "file": constructs("FileAttachedProbe"),
 }
 
 

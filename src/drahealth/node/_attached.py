@@ -23,6 +23,9 @@ and one :class:`~drahealth.node._attached_pods.PodDeviceHealth` tells the pods t
 these devices (an Event per transition, the pod condition ``drahealth.io/DeviceHealthy``).
 
 Sources start once the slices are listed (before that every key would match nothing).
+A source that probes devices one by one (PCI sysfs, exec and file probes) has a
+``watch_keys`` method: it is given the values the devices publish for the attribute its
+signals are matched on, before its first poll and whenever the slices change.
 A poll that raises is logged when its error changes and counted; the source's leases
 run down meanwhile. Problems of the index (a device published twice, too many
 devices) and of the signals (a key no device has, a key several share) are logged once
@@ -48,6 +51,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from drahealth._aio import cancel_and_wait
 from drahealth.core import (
+    DEVICE_NAME_KEY,
     AttachedHealth,
     AttachIndex,
     DeviceKey,
@@ -286,6 +290,11 @@ class DriverAttachment:
                 self.driver, names, len(index), self.node,
             )  # fmt: skip
         self.health.set_index(index)
+        for running in self.sources:
+            watch = getattr(running.source, "watch_keys", None)
+            if callable(watch):
+                by = getattr(running.source, "by", DEVICE_NAME_KEY)
+                watch(self.health.keys_for(running.name, by if isinstance(by, str) else ""))
 
     def _deliver(self, running: RunningSource, outcome: Outcome, repeats: int) -> None:
         """A poll's outcome, handed over by the source's thread (on the loop)."""

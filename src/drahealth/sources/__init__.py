@@ -9,7 +9,9 @@ for devices of drivers drahealth does not own implement
 :class:`~drahealth.sources._attached.AttachedSource` instead (signals keyed by a device
 attribute): :class:`KmsgSource` (XID lines of the kernel log),
 :class:`DcgmExporterSource` (a dcgm-exporter ``/metrics`` endpoint) and
-:class:`NvmlAttachedSource` (NVML in the agent, keyed by GPU UUID or PCI bus ID).
+:class:`NvmlAttachedSource` (NVML in the agent, keyed by GPU UUID or PCI bus ID),
+:class:`PciAttachedSource` (PCI sysfs by PCI address), :class:`ExecAttachedProbe` and
+:class:`FileAttachedProbe` (vendor tools, keyed by any attribute).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from drahealth.sources._probe import ExecProbe, FileProbe
 
 if TYPE_CHECKING:
     from drahealth.sources._dcgm import DcgmExporterSource, DcgmScrapeError, DcgmThresholds
+    from drahealth.sources._keyed import ExecAttachedProbe, FileAttachedProbe, PciAttachedSource
     from drahealth.sources._kmsg import KmsgSource
     from drahealth.sources._nvml_attached import NvmlAttachedSource, NvmlUnavailable
 
@@ -36,6 +39,9 @@ _EXPORTS: dict[str, str] = {
     "DcgmScrapeError": "drahealth.sources._dcgm",
     "DcgmThresholds": "drahealth.sources._dcgm",
     "NvmlAttachedSource": "drahealth.sources._nvml_attached",
+    "PciAttachedSource": "drahealth.sources._keyed",
+    "ExecAttachedProbe": "drahealth.sources._keyed",
+    "FileAttachedProbe": "drahealth.sources._keyed",
     "NvmlUnavailable": "drahealth.sources._nvml_attached",
 }
 
@@ -45,7 +51,9 @@ __all__ = [
     "DcgmExporterSource",
     "DcgmScrapeError",
     "DcgmThresholds",
+    "ExecAttachedProbe",
     "ExecProbe",
+    "FileAttachedProbe",
     "FileProbe",
     "GpuDevice",
     "HealthSource",
@@ -54,6 +62,7 @@ __all__ = [
     "NvmlSource",
     "NvmlThresholds",
     "NvmlUnavailable",
+    "PciAttachedSource",
     "PciDevice",
     "PciSource",
     "discover_gpus",

@@ -132,9 +132,10 @@ class PciSource:
         return [(d.pool, d.device) for d in self._devices]
 
     def poll(self) -> list[DeviceReport]:
-        return [self._check(d) for d in self._devices]
+        return [self.check(d) for d in self._devices]
 
-    def _check(self, d: PciDevice) -> DeviceReport:
+    def check(self, d: PciDevice) -> DeviceReport:
+        """One device's health now (the AER baseline is kept per address)."""
         path = os.path.join(self.root, "bus", "pci", "devices", d.address)
         if not os.path.isdir(path):
             self._counters.pop(d.address, None)

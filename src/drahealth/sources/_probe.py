@@ -26,7 +26,20 @@ from typing import Any
 
 from drahealth.core import DeviceReport, Health
 
-__all__ = ["ExecProbe", "FileProbe"]
+__all__ = [
+    "MAX_PROBE_FILE_BYTES",
+    "MAX_PROBE_FILE_ENTRIES",
+    "ExecProbe",
+    "FileProbe",
+    "ProbeFileError",
+    "probe_file_entries",
+    "read_probe_file",
+    "run_probe",
+]
+
+#: Largest probe file read, and most entries used from one.
+MAX_PROBE_FILE_BYTES = 4 * 1024 * 1024
+MAX_PROBE_FILE_ENTRIES = 65536
 
 
 def _first_line(text: str) -> str:
@@ -66,25 +79,35 @@ class ExecProbe:
 
     def _run(self, pool: str, device: str) -> DeviceReport:
         argv = [a.replace("{pool}", pool).replace("{device}", device) for a in self.command]
-        env = {**os.environ, "DRAHEALTH_POOL": pool, "DRAHEALTH_DEVICE": device}
-        timeout = self.timeout_for(device)
-        try:
-            done = subprocess.run(
-                argv, capture_output=True, text=True, timeout=timeout, env=env, check=False
-            )
-        except subprocess.TimeoutExpired:
-            message = f"probe {argv[0]} timed out after {timeout:g} s"
-            return DeviceReport(pool, device, Health.UNKNOWN, message)
-        except OSError as exc:
-            message = f"probe {argv[0]} could not run: {exc.strerror or exc}"
-            return DeviceReport(pool, device, Health.UNKNOWN, message)
-        line = _first_line(done.stdout) or _first_line(done.stderr)
-        if done.returncode == 0:
-            return DeviceReport(pool, device, Health.HEALTHY, line)
-        if done.returncode == 1:
-            return DeviceReport(pool, device, Health.UNHEALTHY, line or "probe failed (exit 1)")
-        message = line or f"probe exited with {done.returncode}"
-        return DeviceReport(pool, device, Health.UNKNOWN, message)
+        env = {"DRAHEALTH_POOL": pool, "DRAHEALTH_DEVICE": device}
+        health, message = run_probe(argv, env, self.timeout_for(device))
+        return DeviceReport(pool, device, health, message)
+
+
+def run_probe(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> tuple[Health, str]:
+    """Run one probe command (``env`` added to this process's environment) and read its
+    answer: exit 0 Healthy, 1 Unhealthy, anything else, a timeout or a command that cannot
+    start Unknown; the first line of its output (else of its error output) is the message."""
+    try:
+        done = subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+            env={**os.environ, **env},
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return Health.UNKNOWN, f"probe {argv[0]} timed out after {timeout:g} s"
+    except OSError as exc:
+        return Health.UNKNOWN, f"probe {argv[0]} could not run: {exc.strerror or exc}"
+    line = _first_line(done.stdout) or _first_line(done.stderr)
+    if done.returncode == 0:
+        return Health.HEALTHY, line
+    if done.returncode == 1:
+        return Health.UNHEALTHY, line or "probe failed (exit 1)"
+    return Health.UNKNOWN, line or f"probe exited with {done.returncode}"
 
 
 class FileProbe:
@@ -117,17 +140,9 @@ class FileProbe:
 
     def poll(self) -> list[DeviceReport]:
         try:
-            with open(self.path, encoding="utf-8") as f:
-                mtime = os.fstat(f.fileno()).st_mtime
-                data = json.load(f)
-        except FileNotFoundError:
-            return self._all_unknown(f"probe file {self.path} does not exist")
-        except (OSError, UnicodeDecodeError) as exc:
-            return self._all_unknown(f"probe file {self.path} cannot be read: {exc}")
-        except json.JSONDecodeError as exc:
-            return self._all_unknown(
-                f"probe file {self.path} is not JSON: {exc.msg} at line {exc.lineno}"
-            )
+            data, mtime = read_probe_file(self.path)
+        except ProbeFileError as exc:
+            return self._all_unknown(str(exc))
         entries, problem = self._entries(data)
         if problem:
             return self._all_unknown(f"probe file {self.path}: {problem}")
@@ -156,20 +171,63 @@ class FileProbe:
 
     @staticmethod
     def _entries(data: Any) -> tuple[dict[tuple[str, str], dict[str, Any]], str]:
-        if not isinstance(data, dict) or not isinstance(data.get("devices"), list):
-            return {}, 'the top level must be an object with a "devices" list'
-        out: dict[tuple[str, str], dict[str, Any]] = {}
-        for i, entry in enumerate(data["devices"]):
-            where = f"devices[{i}]"
-            if not isinstance(entry, dict):
-                return {}, f"{where} must be an object"
-            if not isinstance(entry.get("device"), str) or not entry["device"]:
-                return {}, f"{where}.device must be a non-empty string"
-            if entry.get("health") not in ("Healthy", "Unhealthy", "Unknown"):
-                return {}, f"{where}.health must be Healthy, Unhealthy or Unknown"
-            if "time" in entry and not isinstance(entry["time"], int | float):
-                return {}, f"{where}.time must be unix seconds"
-            if "message" in entry and not isinstance(entry["message"], str):
-                return {}, f"{where}.message must be a string"
-            out[(str(entry.get("pool", "")), entry["device"])] = entry
-        return out, ""
+        listed, problem = probe_file_entries(data, "device")
+        out = {(str(e.get("pool", "")), e["device"]): e for e in listed}
+        return out, problem
+
+
+class ProbeFileError(Exception):
+    """A probe file that cannot be used; the text names the file and what is wrong."""
+
+
+def read_probe_file(path: str) -> tuple[Any, float]:
+    """The JSON of the probe file at ``path`` (at most :data:`MAX_PROBE_FILE_BYTES`) and
+    its modification time; :class:`ProbeFileError` names what is wrong."""
+    try:
+        with open(path, "rb") as f:
+            mtime = os.fstat(f.fileno()).st_mtime
+            raw = f.read(MAX_PROBE_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise ProbeFileError(f"probe file {path} does not exist") from None
+    except OSError as exc:
+        raise ProbeFileError(f"probe file {path} cannot be read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_PROBE_FILE_BYTES:
+        raise ProbeFileError(f"probe file {path} is larger than {MAX_PROBE_FILE_BYTES} bytes")
+    try:
+        return json.loads(raw.decode("utf-8")), mtime
+    except UnicodeDecodeError as exc:
+        raise ProbeFileError(f"probe file {path} is not UTF-8: {exc.reason}") from None
+    except json.JSONDecodeError as exc:
+        raise ProbeFileError(
+            f"probe file {path} is not JSON: {exc.msg} at line {exc.lineno}"
+        ) from None
+    except RecursionError:
+        raise ProbeFileError(f"probe file {path} is nested too deeply") from None
+
+
+def probe_file_entries(data: Any, field: str) -> tuple[list[dict[str, Any]], str]:
+    """The entries of a probe file's ``devices`` list, each naming its device in ``field``
+    (``device`` for :class:`FileProbe`, ``key`` for the attached probe), or a problem
+    naming the first bad entry (then no entry is used)."""
+    if not isinstance(data, dict) or not isinstance(data.get("devices"), list):
+        return [], 'the top level must be an object with a "devices" list'
+    if len(data["devices"]) > MAX_PROBE_FILE_ENTRIES:
+        return [], f"more than {MAX_PROBE_FILE_ENTRIES} devices"
+    out: list[dict[str, Any]] = []
+    for i, entry in enumerate(data["devices"]):
+        where = f"devices[{i}]"
+        if not isinstance(entry, dict):
+            return [], f"{where} must be an object"
+        if not isinstance(entry.get(field), str) or not entry[field]:
+            return [], f"{where}.{field} must be a non-empty string"
+        if entry.get("health") not in ("Healthy", "Unhealthy", "Unknown"):
+            return [], f"{where}.health must be Healthy, Unhealthy or Unknown"
+        stamp = entry.get("time")
+        if "time" in entry and (
+            not isinstance(stamp, int | float) or isinstance(stamp, bool) or stamp != stamp
+        ):
+            return [], f"{where}.time must be unix seconds"
+        if "message" in entry and not isinstance(entry["message"], str):
+            return [], f"{where}.message must be a string"
+        out.append(entry)
+    return out, ""

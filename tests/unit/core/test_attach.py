@@ -368,3 +368,21 @@ def test_repeats_handed_over_later_are_counted_as_the_previous_outcome() -> None
     h.observe("dcgm", [], repeats=2)  # 2 more polls failed as the last one
     state = h.sources["dcgm"]
     assert (state.polls, state.failures, state.signals, state.unmatched) == (8, 3, 8, 4)
+
+
+def test_keys_for_a_source_follow_the_matching_order() -> None:
+    h, _ = health(
+        SourceSpec("pci", 30),  # keyed pciBusID: not published, the PCI kind finds pcieBusID
+        SourceSpec("exec", 30, match=KeySpec("index")),  # its own match wins
+        SourceSpec("file", 30),  # keyed uuid: the devices publish it
+        n=3,
+    )
+    assert h.keys_for("pci", "pciBusID") == ("0000:18:00.0", "0000:19:00.0", "0000:1a:00.0")
+    assert h.keys_for("exec", "uuid") == ("0", "1", "2")
+    assert h.keys_for("file", "uuid") == ("GPU-00000000-AAAA", "GPU-00000001-AAAA",
+                                          "GPU-00000002-AAAA")  # fmt: skip
+    assert h.keys_for("file", "name") == ("gpu-0", "gpu-1", "gpu-2")
+    assert h.keys_for("file", "noSuchAttribute") == ()
+    assert h.keys_for("no-such-source", "uuid") == ()
+    index = AttachIndex(D, [slice_([gpu(0, extra={"mig": {"bool": True}}), gpu(1)])])
+    assert index.values("mig") == ("true",)

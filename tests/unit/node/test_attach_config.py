@@ -101,7 +101,8 @@ def test_one_driver_at_the_top_level() -> None:
         ("driver: gpu.x.com\nsources: []", "a.yaml: sources: at least one source is needed"),
         ("driver: gpu.x.com", "a.yaml: (top level): Object missing required field `sources`"),
         ("driver: gpu.x.com\nsources: [{kind: gpu-magic}]",
-         "a.yaml: sources[0].kind: unknown source kind 'gpu-magic'; expected one of dcgm, fake"),
+         "a.yaml: sources[0].kind: unknown source kind 'gpu-magic'; expected one of "
+         "dcgm, exec, fake, file"),
         ("driver: gpu.x.com\nsources: [{path: /x}]",
          "a.yaml: sources[0]: Object missing required field `kind`"),
         ("driver: gpu.x.com\nsources: [kmsg]", "a.yaml: sources[0]: Expected `object`, got `str`"),
@@ -194,3 +195,23 @@ def test_constructs_passes_known_fields_and_builds_settings_objects() -> None:
         SOURCE_KINDS["dcgm"](SourceSettings("dcgm", "d", options={"thresholds": {"x": 1}}))
     with pytest.raises(ValueError, match="no NoSuchSource"):
         constructs("NoSuchSource")(kmsg)
+
+
+def test_pci_exec_and_file_kinds_build_keyed_probes(tmp_path: Path) -> None:
+    import drahealth.sources as sources
+
+    config = parse_attach_config(
+        "driver: gpu.nvidia.com\n"
+        "sources:\n"
+        f"  - {{kind: pci, root: {str(tmp_path)!r}, aer: {{correctable: 50}}, clearAfter: 60}}\n"
+        "  - {kind: exec, command: [/usr/bin/check-gpu, '{key}'], by: uuid, runTimeout: 5}\n"
+        f"  - {{kind: file, path: {str(tmp_path / 'h.json')!r}, by: uuid, maxAge: 30}}\n",
+        "a.yaml",
+    )
+    pci, exec_, file = (build_source(s, "a.yaml")[0] for s in config.drivers[0].sources)
+    assert isinstance(pci, sources.PciAttachedSource) and pci.clear_after == 60
+    assert isinstance(exec_, sources.ExecAttachedProbe) and exec_.run_timeout == 5
+    assert isinstance(file, sources.FileAttachedProbe) and file.max_age == 30
+    bad = parse_attach_config("driver: a.com\nsources: [{kind: exec, command: ls}]", "b.yaml")
+    with pytest.raises(AttachConfigError, match=r"b.yaml: sources\[0\]: cannot build the exec"):
+        build_source(bad.drivers[0].sources[0], "b.yaml")
