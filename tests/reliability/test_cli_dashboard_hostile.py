@@ -320,7 +320,7 @@ async def test_a_client_that_never_reads_its_event_stream_is_disconnected(
                 n += 1
                 await _set_rows(client, {"gpu-0": {"message": f"{n} {big}"}})
                 pushed = _strict(await asyncio.wait_for(_next_event(reader), 5))
-                gpu0 = next(d for d in pushed["nodes"][0]["devices"] if d["device"] == "gpu-0")
+                gpu0 = next(d for d in pushed["set"] if d["device"] == "gpu-0")
                 assert gpu0["message"].startswith(f"{n} "), "the reading client fell behind"
             assert len(dashboard._subscribers) == 1  # the reader stays
         stuck.settimeout(10)

@@ -1,22 +1,31 @@
 """The dashboard's HTTP server: one page, a JSON snapshot and a server-sent event stream.
 
 Owns :class:`Dashboard` (aiohttp). Routes: ``/`` the page (``static/index.html``, no
-build step), ``/api/state`` the current :func:`~._state.snapshot`, ``/api/events`` a
-``text/event-stream`` that sends the snapshot at once and again after every change
-(coalesced, only when it differs; a comment every 15 s keeps proxies from closing it),
+build step), ``/api/state`` the current :func:`~._state.snapshot` with its sequence
+number ``seq`` and the counts over time (``samples``), ``/api/events`` a
+``text/event-stream`` that sends that state at once (``event: state``) and after every
+change only what changed (``event: delta``: ``seq``, the devices ``set`` (each with its
+``node``) and the keys ``del``-eted, the page-wide parts when they changed, the new
+counts ``sample``), coalesced; a comment every 15 s keeps proxies from closing it.
 ``/api/history?device=DRIVER/POOL/DEVICE`` the device's controller actions and Events,
-and ``/healthz``. Reflectors on the kinds the snapshot reads keep it current, each DRA
-kind at the version the server serves (discovered at start); a kind it does not serve
-gets no reflector, and the state's ``unavailable`` lines (shown on the page) say so; device
-health comes only from the node agents' records in ``agent_namespace`` (see
-:mod:`drahealth.core`). The remediation controller's state ConfigMap in
-``history_namespace`` (the controller's) is followed too, for its circuit breaker banner
-and per-device markers; without access to it the page shows none. The JSON served is
+``/api/timeline?device=DRIVER/POOL/DEVICE`` its health timeline (see
+:class:`~._timeline.Timeline`: bounded per device, in devices and in samples), and
+``/healthz``. The page's filters live in the URL's fragment, which browsers never send:
+the server takes no query parameter but ``device`` (at most :data:`MAX_DEVICE_PARAM`
+characters) and ``/``'s ``token``. Reflectors on the kinds the snapshot reads keep it
+current, each DRA kind at the version the server serves (discovered at start); a kind it
+does not serve gets no reflector, and the state's ``unavailable`` lines (shown on the
+page) say so; device health comes only from the node agents' records in
+``agent_namespace`` (see :mod:`drahealth.core`). The remediation controller's state
+ConfigMap in ``history_namespace`` (the controller's) is followed too, for its circuit
+breaker banner and per-device markers; without access to it the page shows none. So are
+the ``EvictionBlocked`` Events the controller writes when a PodDisruptionBudget refuses
+an eviction (field selector ``reason=EvictionBlocked``; optional). The JSON served is
 always valid JSON: a state that cannot be written without NaN/Infinity is not published
 (the last good one stays).
 
 Bounds: at most :data:`MAX_STREAMS` event streams at once (more get 503); each stream
-holds at most :data:`STREAM_QUEUE` states not yet sent, and one write may block at most
+holds at most :data:`STREAM_QUEUE` deltas not yet sent, and one write may block at most
 :data:`STREAM_WRITE_TIMEOUT` seconds: a client that falls behind either way is
 disconnected (the browser's EventSource reconnects and gets the current state).
 
@@ -69,6 +78,7 @@ from drahealth.remedy import (
     remove_taints,
 )
 from drahealth.web._state import snapshot
+from drahealth.web._timeline import Timeline
 
 __all__ = ["Dashboard"]
 
@@ -84,10 +94,12 @@ MAX_STREAMS = 256
 STREAM_QUEUE = 8
 #: Seconds one write to a stream may block before its client is disconnected.
 STREAM_WRITE_TIMEOUT = 10.0
+#: Characters a ``device`` query parameter may have (three names of at most 253, and two /).
+MAX_DEVICE_PARAM = 761
 #: Reflector name -> the DRA kind it follows (at the version the server serves).
 _DRA_REFLECTORS = {"claims": "ResourceClaim", "slices": "ResourceSlice", "rules": "DeviceTaintRule"}
 #: Reflectors the first snapshot does not wait for (the page works without them).
-_OPTIONAL = frozenset({"nodes", "remediation"})
+_OPTIONAL = frozenset({"nodes", "remediation", "blocked"})
 
 
 class Dashboard:
@@ -128,9 +140,18 @@ class Dashboard:
                 client, ConfigMap, namespace=history_namespace,
                 fields={"metadata.name": STATE_CONFIGMAP}, name="web-remediation",
             ),
+            # evictions a PodDisruptionBudget refused (the controller's Events; optional)
+            "blocked": Reflector(
+                client, Event, fields={"reason": "EvictionBlocked"}, name="web-blocked"
+            ),
         }  # fmt: skip
-        self.state: dict[str, Any] = {"nodes": [], "unavailable": []}
-        self._text = json.dumps(self.state)
+        self.state: dict[str, Any] = {"seq": 0, "nodes": [], "unavailable": [], "samples": []}
+        self._text: str | None = json.dumps(self.state)
+        #: Each device's last published state and node, by key (what deltas are cut from).
+        self._devices: dict[str, tuple[str, dict[str, Any]]] = {}
+        self._page: dict[str, Any] = {}
+        #: Health timelines and counts over time (bounded).
+        self.timeline = Timeline()
         self._subscribers: dict[asyncio.Queue[str], web.Request] = {}
         self.stream_queue = STREAM_QUEUE
         self.stream_write_timeout = STREAM_WRITE_TIMEOUT
@@ -182,6 +203,7 @@ class Dashboard:
         app.router.add_get("/api/state", self._state)
         app.router.add_get("/api/events", self._events)
         app.router.add_get("/api/history", self._history)
+        app.router.add_get("/api/timeline", self._timeline)
         app.router.add_get("/healthz", self._healthz)
         self._runner = web.AppRunner(app, access_log=None, **guard.runner_kwargs)
         await self._runner.setup()
@@ -219,6 +241,7 @@ class Dashboard:
         def dicts(key: str) -> list[dict[str, Any]]:
             return [to_internal(o) for o in r[key].store.dicts()] if key in r else []
 
+        now = time.time()
         state = snapshot(
             agent_records(r["health"].store.dicts(), self.agent_namespace),
             r["pods"].store.dicts(),
@@ -228,21 +251,43 @@ class Dashboard:
             warn=self._warn,
             node_objects=r["nodes"].store.dicts(),
             remediation=self._remediation(),
-            now=time.time(),
+            now=now,
+            blocked_events=r["blocked"].store.dicts(),
         )
-        state["unavailable"] = list(self.unavailable)
-        try:
-            text = json_text(state, separators=(",", ":"))
+        page = {"remediation": state["remediation"], "unavailable": list(self.unavailable)}
+        devices = {d["key"]: (n["name"], d) for n in state["nodes"] for d in n["devices"]}
+        changed = [
+            {**d, "node": node} for key, (node, d) in devices.items()
+            if self._devices.get(key) != (node, d)
+        ]  # fmt: skip
+        removed = [key for key in self._devices if key not in devices]
+        if not changed and not removed and page == self._page:
+            return
+        delta: dict[str, Any] = {"seq": self.state["seq"] + 1, "set": changed, "del": removed}
+        if page != self._page:
+            delta.update(page)
+        try:  # every part of the state is checked once, as it changes
+            text = json_text(delta, separators=(",", ":"))
         except ValueError as exc:  # NaN/Infinity would stop every viewer's page
             self._warn(f"state not published, it is not valid JSON: {exc}")
             return
-        if text != self._text:
-            self.state, self._text = state, text
-            for q, request in list(self._subscribers.items()):
-                try:
-                    q.put_nowait(text)
-                except asyncio.QueueFull:
-                    self._disconnect(q, request)
+        _, sample = self.timeline.observe((d for _, d in devices.values()), now)
+        if sample is not None:
+            text = text[:-1] + ',"sample":' + json_text(sample, separators=(",", ":")) + "}"
+        self.state = {"seq": delta["seq"], **state, **page}
+        self._devices, self._page, self._text = devices, page, None
+        for q, request in list(self._subscribers.items()):
+            try:
+                q.put_nowait(text)
+            except asyncio.QueueFull:
+                self._disconnect(q, request)
+
+    def state_text(self) -> str:
+        """The whole state as JSON (built when first asked after a change)."""
+        if self._text is None:
+            state = {**self.state, "samples": list(self.timeline.samples)}
+            self._text = json_text(state, separators=(",", ":"))
+        return self._text
 
     def _remediation(self) -> RemediationState:
         """The controller's state ConfigMap, as far as it can be read (notes logged once)."""
@@ -367,7 +412,7 @@ class Dashboard:
         return web.Response(text="ok")
 
     async def _state(self, _request: web.Request) -> web.Response:
-        return web.Response(text=self._text, content_type="application/json")
+        return web.Response(text=self.state_text(), content_type="application/json")
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
         if len(self._subscribers) >= MAX_STREAMS:
@@ -390,7 +435,7 @@ class Dashboard:
                 raise ConnectionResetError("the client does not read its event stream") from None
 
         try:
-            await send(f"event: state\ndata: {self._text}\n\n".encode())
+            await send(f"event: state\ndata: {self.state_text()}\n\n".encode())
             while queue in self._subscribers:
                 try:
                     async with asyncio.timeout(15):
@@ -400,21 +445,28 @@ class Dashboard:
                     continue
                 if not text:
                     break
-                while not queue.empty():  # only the newest state matters
-                    text = queue.get_nowait() or text
-                await send(f"event: state\ndata: {text}\n\n".encode())
+                texts = [text]
+                while not queue.empty():  # every delta, in order, in one write
+                    texts.append(queue.get_nowait())
+                if "" in texts:
+                    break
+                await send(b"".join(f"event: delta\ndata: {t}\n\n".encode() for t in texts))
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         finally:
             self._subscribers.pop(queue, None)
         return response
 
+    async def _timeline(self, request: web.Request) -> web.Response:
+        device = _device_param(request)
+        entries = self.timeline.device(device)
+        return web.json_response(
+            {"device": device, "entries": entries, "max": self.timeline.per_device},
+            dumps=lambda v: json_text(v, separators=(",", ":")),
+        )
+
     async def _history(self, request: web.Request) -> web.Response:
-        device = request.query.get("device", "")
-        if device.count("/") < 2:
-            return web.json_response(
-                {"error": "query parameter device must be DRIVER/POOL/DEVICE"}, status=400
-            )
+        device = _device_param(request)
         rows: list[dict[str, Any]] = []
         try:
             cm = await self.client.get(
@@ -441,3 +493,22 @@ class Dashboard:
             pass
         rows.sort(key=lambda r: str(r["time"]))
         return web.json_response(rows[-50:])
+
+
+def _device_param(request: web.Request) -> str:
+    """The ``device`` query parameter, or 400 naming what is wrong with it."""
+    values = request.query.getall("device", [])
+    problem = ""
+    if len(values) != 1:
+        problem = "query parameter device must be given once"
+    elif len(values[0]) > MAX_DEVICE_PARAM:
+        problem = f"query parameter device is longer than {MAX_DEVICE_PARAM} characters"
+    elif "\ufffd" in values[0] or not values[0].isprintable():
+        problem = "query parameter device must be printable UTF-8"
+    elif values[0].count("/") < 2:
+        problem = "query parameter device must be DRIVER/POOL/DEVICE"
+    if problem:
+        raise web.HTTPBadRequest(
+            text=json.dumps({"error": problem}), content_type="application/json"
+        )
+    return str(values[0])

@@ -1,11 +1,13 @@
-"""The dashboard's HTTP API without a browser: state, events, history, bad input, the
-read-only default and the token that guards every route and enables taint/untaint."""
+"""The dashboard's HTTP API without a browser: state, events (the whole state, then deltas
+that rebuild it exactly), history, timeline, bad input, the read-only default and the
+token that guards every route and enables taint/untaint."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -39,8 +41,9 @@ async def test_state_events_history_and_bad_input(client: AsyncClient) -> None:
 
             async with http.get(url + "api/events") as stream:
                 assert stream.headers["Content-Type"] == "text/event-stream"
-                first = await _next_event(stream)
-                assert json.loads(first)["nodes"][0]["name"] == NODE
+                follow = Follower(stream)
+                first = await follow.next()
+                assert first["nodes"][0]["name"] == NODE and follow.kinds == ["state"]
                 # a change is pushed: gpu-0 goes Unhealthy in the agent's record
                 cm = await client.get(ConfigMap, f"drahealth-devices-{NODE}", namespace="default")
                 rows = json.loads((cm.data or {})["devices"])
@@ -49,9 +52,15 @@ async def test_state_events_history_and_bad_input(client: AsyncClient) -> None:
                     ConfigMap, f"drahealth-devices-{NODE}", {"data": {"devices": json.dumps(rows)}},
                     namespace="default", patch_type=PatchType.MERGE,
                 )  # fmt: skip
-                pushed = json.loads(await asyncio.wait_for(_next_event(stream), 3))
+                pushed = await asyncio.wait_for(follow.next(), 3)
+                assert follow.kinds == ["state", "delta"]
+                assert [d["device"] for d in follow.last["set"]] == ["gpu-0"]  # only the change
                 gpu0 = next(d for d in pushed["nodes"][0]["devices"] if d["device"] == "gpu-0")
                 assert (gpu0["health"], gpu0["message"]) == ("Unhealthy", "ECC")
+                # the deltas rebuild exactly the state the server serves
+                async with http.get(url + "api/state") as resp:
+                    assert await resp.json() == pushed
+                assert pushed["samples"][-1]["unhealthy"] == 2
 
             async with http.get(url + "api/history", params={"device": "gpu-1"}) as resp:
                 assert resp.status == 400
@@ -69,14 +78,63 @@ async def test_state_events_history_and_bad_input(client: AsyncClient) -> None:
 
 
 async def _next_event(stream: aiohttp.ClientResponse) -> str:
-    data = ""
+    return (await _next_message(stream))[1]
+
+
+async def _next_message(stream: aiohttp.ClientResponse) -> tuple[str, str]:
+    """The next server-sent event: its name and its data."""
+    kind, data = "message", ""
     async for raw in stream.content:
         line = raw.decode().rstrip("\n")
-        if line.startswith("data: "):
+        if line.startswith("event: "):
+            kind = line[len("event: ") :]
+        elif line.startswith("data: "):
             data = line[len("data: ") :]
         elif line == "" and data:
-            return data
+            return kind, data
     raise AssertionError("the stream ended")
+
+
+def apply_delta(state: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
+    """The whole state after ``delta``, as a viewer rebuilds it (its ``seq`` must follow)."""
+    assert delta["seq"] == state["seq"] + 1, (state["seq"], delta["seq"])
+    devices = {d["key"]: {**d, "node": n["name"]} for n in state["nodes"] for d in n["devices"]}
+    devices.update((d["key"], d) for d in delta["set"])
+    for key in delta["del"]:
+        devices.pop(key)
+    nodes: dict[str, list[dict[str, Any]]] = {}
+    for d in devices.values():
+        nodes.setdefault(d["node"], []).append({k: v for k, v in d.items() if k != "node"})
+    out = {**state, "seq": delta["seq"]}
+    out["nodes"] = [
+        {"name": name, "devices": sorted(ds, key=lambda d: (d["driver"], d["pool"], d["device"]))}
+        for name, ds in sorted(nodes.items())
+    ]
+    out.update({k: delta[k] for k in ("remediation", "unavailable") if k in delta})
+    if "sample" in delta:
+        out["samples"] = [*state["samples"], delta["sample"]]
+    return out
+
+
+class Follower:
+    """Follows ``/api/events``: :meth:`next` gives the whole state after the next event."""
+
+    def __init__(self, stream: aiohttp.ClientResponse) -> None:
+        self.stream = stream
+        self.state: dict[str, Any] | None = None
+        self.kinds: list[str] = []
+        self.last: dict[str, Any] = {}
+
+    async def next(self) -> dict[str, Any]:
+        kind, data = await _next_message(self.stream)
+        self.kinds.append(kind)
+        self.last = json.loads(data)
+        if kind == "state":
+            self.state = self.last
+        else:
+            assert kind == "delta" and self.state is not None, kind
+            self.state = apply_delta(self.state, self.last)
+        return self.state
 
 
 TOKEN = "s3cret-token-0123456789"

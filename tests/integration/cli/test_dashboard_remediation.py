@@ -19,7 +19,7 @@ from lightkube.types import PatchType
 from drahealth.core import parse_state
 from drahealth.web import Dashboard
 from drahealth.web._state import snapshot
-from tests.integration.cli.test_dashboard_http import _next_event
+from tests.integration.cli.test_dashboard_http import Follower
 from tests.integration.cli.test_views import NODE, D, scenario
 from tests.integration.cli.test_views_remediation import GPU, STATE, write_state
 from tests.integration.kube.conftest import api_server_options, client
@@ -48,9 +48,10 @@ async def test_state_carries_the_breaker_and_markers_live(client: AsyncClient) -
             assert markers(state) == {}
 
             async with http.get(url + "api/events") as stream:
-                await _next_event(stream)
+                follow = Follower(stream)
+                await follow.next()
                 await write_state(client, {k: json.dumps(v) for k, v in STATE.items()})
-                pushed = json.loads(await asyncio.wait_for(_next_event(stream), 5))
+                pushed = await asyncio.wait_for(follow.next(), 5)
                 remediation = pushed["remediation"]
                 assert remediation["paused"] is True and remediation["held"] == 1
                 assert remediation["tripped"][0]["limit"] == "10%"
@@ -71,7 +72,7 @@ async def test_state_carries_the_breaker_and_markers_live(client: AsyncClient) -
                               "needsHuman": "{}"}},
                     namespace="default", patch_type=PatchType.MERGE,
                 )  # fmt: skip
-                pushed = json.loads(await asyncio.wait_for(_next_event(stream), 5))
+                pushed = await asyncio.wait_for(follow.next(), 5)
                 assert pushed["remediation"]["paused"] is False
                 assert markers(pushed)["gpu-1"] == ["REPAIRING"]
 
@@ -81,7 +82,7 @@ async def test_state_carries_the_breaker_and_markers_live(client: AsyncClient) -
                     {"data": {"holds": "{broken", "repairs": json.dumps({GPU[1]: "x"})}},
                     namespace="default", patch_type=PatchType.MERGE,
                 )  # fmt: skip
-                pushed = json.loads(await asyncio.wait_for(_next_event(stream), 5))
+                pushed = await asyncio.wait_for(follow.next(), 5)
                 notes = pushed["remediation"]["notes"]
                 assert notes[0].startswith("holds: not JSON (")
                 assert notes[1] == "repairs: 1 entry skipped (not an object)"
