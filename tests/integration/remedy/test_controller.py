@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -163,9 +163,16 @@ async def test_taint_follows_health_and_recovery_removes_only_its_own_rules(
             lambda: _none_ours(client), 3.0, "recovery to remove the controller's rules"
         )
         assert "ops-maintenance" in await rules(client)
-        cm = await client.get(ConfigMap, HISTORY_CONFIGMAP, namespace="default")
-        actions = [h["action"] for h in json.loads((cm.data or {})["history"])]
-        assert actions.count("create") == 2 and actions.count("delete") == 2
+
+        async def actions() -> list[str]:
+            cm = await client.get(ConfigMap, HISTORY_CONFIGMAP, namespace="default")
+            return [h["action"] for h in json.loads((cm.data or {}).get("history", "[]"))]
+
+        # the history is written at the end of the pass that deleted the rules
+        await eventually(
+            lambda: history_count(actions, "delete", 2), 3.0, "both deletions in the history"
+        )
+        assert (await actions()).count("create") == 2
         assert controller.metrics.reaction._sum.get() > 0  # type: ignore[attr-defined]
 
 
@@ -321,6 +328,14 @@ async def test_a_restarted_controller_keeps_the_taint(client: AsyncClient) -> No
         assert second.metrics.actions.labels("create")._value.get() == 0  # type: ignore[attr-defined]
 
 
+async def history_has(read: Callable[[], Awaitable[list[str]]], text: str) -> bool:
+    return any(text in m for m in await read())
+
+
+async def history_count(read: Callable[[], Awaitable[list[str]]], text: str, n: int) -> bool:
+    return (await read()).count(text) == n
+
+
 async def _count_ours(client: AsyncClient, n: int) -> bool:
     return len([x for x in await rules(client) if x.startswith("dh-")]) == n
 
@@ -343,12 +358,20 @@ async def test_recovery_waits_for_the_validation_hook(client: AsyncClient, tmp_p
         assert await _count_ours(client, 1)
         flag.write_text("ok")
         await eventually(lambda: _count_ours(client, 0), 3.0, "the untaint after the hook passed")
-        cm = await client.get(ConfigMap, HISTORY_CONFIGMAP, namespace="default")
-        messages = [h["message"] for h in json.loads((cm.data or {})["history"])]
+
+        async def history() -> list[str]:
+            cm = await client.get(ConfigMap, HISTORY_CONFIGMAP, namespace="default")
+            return [h["message"] for h in json.loads((cm.data or {}).get("history", "[]"))]
+
+        # the history is written at the end of the pass that deleted the rule
+        passed = "validation of gpu.example.com/node-1/gpu-7 passed"
+        await eventually(
+            lambda: history_has(history, passed), 3.0, "the passed validation in the history"
+        )
+        messages = await history()
         assert any(
             "validation of gpu.example.com/node-1/gpu-7 failed: exit 1" in m for m in messages
         )
-        assert any("validation of gpu.example.com/node-1/gpu-7 passed" in m for m in messages)
         assert controller.engine.wants(time.monotonic()) == {}
 
 
