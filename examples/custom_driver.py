@@ -1,13 +1,30 @@
-"""A complete custom DRA driver with device health, in one file.
+"""A complete custom DRA driver with device health, ResourceSlices and taints, in one file.
 
-Four FPGA cards; a card is faulty while the file ``<base>/faults/<card>`` exists.
-Prepare hands the allocated cards to the container (the toolkit writes CDI specs and
-the checkpoint); a health source probes the fault files once a second and feeds the
-HealthHub, which serves dra-health v1/v1alpha1 to the kubelet.
+Four FPGA cards; a card is faulty while the file ``<base>/faults/<card>`` exists. One
+call, ``start()``, serves the kubelet's sockets and runs the rest from its options:
+prepare (the toolkit fetches claims, writes CDI specs and the checkpoint, and refuses a
+card latched Unhealthy), dra-health v1/v1alpha1 streams from the HealthHub, the
+ResourceSlice of the four cards (with ``--kubeconfig``), a ``fpga.example.com/unhealthy``
+NoSchedule taint on a latched-faulty card, the control socket ``drahealth inject``
+talks to, ``/metrics`` (``--metrics-port``) and a clean stop on SIGTERM/SIGINT. The
+driver itself is the probe below and a prepare that names the allocated cards.
+
+It needs 8 names of drahealth: ``start``, ``PluginOptions``, ``Pool``, ``HealthHub``,
+``DeviceReport``, ``PrepareResult``, ``PreparedDevice`` (``drahealth.driver``) and
+``Health`` (``drahealth.core``); devices are lightkube's ``resource.k8s.io/v1``
+``Device`` model.
 
     python examples/custom_driver.py --base /tmp/fpga       # no API access
     touch /tmp/fpga/faults/fpga-2                            # fault: Unhealthy (latched)
     rm /tmp/fpga/faults/fpga-2                               # probe Healthy clears it
+    drahealth inject --state-dir /tmp/fpga/state fpga-1 unhealthy   # an injected fault
+    drahealth inject --state-dir /tmp/fpga/state fpga-1 healthy     # operator recovery
+
+With an API server, the cards are published and a faulty card is tainted:
+
+    drahealth apiserver --kubeconfig-out /tmp/fpga.kubeconfig &
+    python examples/custom_driver.py --base /tmp/fpga --kubeconfig /tmp/fpga.kubeconfig
+    kubectl --kubeconfig /tmp/fpga.kubeconfig get resourceslices -o yaml
 """
 
 from __future__ import annotations
@@ -16,19 +33,18 @@ import argparse
 import asyncio
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
+
+from lightkube.models.resource_v1 import Device, DeviceAttribute
 
 from drahealth.core import Health
 from drahealth.driver import (
-    ClaimError,
-    ClaimRef,
     DeviceReport,
-    ErrorKind,
     HealthHub,
     PluginOptions,
-    PreparedClaimRequest,
+    Pool,
     PreparedDevice,
     PrepareResult,
-    install_signal_handlers,
     start,
 )
 from drahealth.kube import make_client
@@ -38,33 +54,22 @@ CARDS = [f"fpga-{i}" for i in range(4)]
 
 
 class FpgaDriver:
-    """Prepare/unprepare: the Driver protocol. Both must answer every claim by UID."""
+    """The Driver protocol: ``prepare`` and ``unprepare`` answer every claim by UID.
 
-    def __init__(self, hub: HealthHub) -> None:
-        self.hub = hub
+    ``claims`` are ``PreparedClaimRequest`` (the fetched claim and this driver's
+    allocation results) and ``ClaimRef``; the toolkit has already refused cards
+    latched Unhealthy (``refuse_unhealthy``), so prepare only names the cards.
+    """
 
-    async def prepare(self, claims: Sequence[PreparedClaimRequest]) -> Mapping[str, PrepareResult]:
-        out = {}
-        for claim in claims:
-            try:
-                out[claim.uid] = PrepareResult.ok(
-                    [self._prepare(r.pool, r.device, r.request) for r in claim.results]
-                )
-            except ClaimError as err:
-                out[claim.uid] = PrepareResult(error=err)
-        return out
+    async def prepare(self, claims: Sequence[Any]) -> Mapping[str, PrepareResult]:
+        return {
+            claim.uid: PrepareResult.ok(
+                [PreparedDevice([r.request], r.pool, r.device) for r in claim.results]
+            )
+            for claim in claims
+        }
 
-    def _prepare(self, pool: str, card: str, request: str) -> PreparedDevice:
-        try:
-            health = self.hub.state(pool, card).health
-        except ValueError:  # not one of our cards
-            raise ClaimError(f"unknown device {pool}/{card}", ErrorKind.PERMANENT_CONFIG) from None
-        if health is Health.UNHEALTHY:
-            # a permanent device error: the plugin calls on_device_fault (taint it)
-            raise ClaimError(f"{card} is faulty", ErrorKind.PERMANENT_DEVICE, device=(pool, card))
-        return PreparedDevice(requests=[request], pool=pool, device=card)
-
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, Exception | None]:
+    async def unprepare(self, claims: Sequence[Any]) -> Mapping[str, Exception | None]:
         return {c.uid: None for c in claims}  # nothing to undo; unknown claims succeed
 
 
@@ -85,33 +90,43 @@ async def probe_forever(hub: HealthHub, pool: str, faults: str) -> None:
         await asyncio.sleep(1.0)
 
 
-async def main(base: str, node: str, kubeconfig: str | None) -> None:
+async def main(base: str, node: str, kubeconfig: str | None, metrics_port: int | None) -> None:
     os.makedirs(f"{base}/faults", exist_ok=True)
     hub = HealthHub([(node, card) for card in CARDS], default_timeout_seconds=10)
+    hub.submit("probe", probe(node, f"{base}/faults"))  # first probe before serving
+    cards = Pool(
+        [Device(name=c, attributes={"index": DeviceAttribute(int=i)}) for i, c in enumerate(CARDS)]
+    )
+    client = make_client(kubeconfig) if kubeconfig else None
     options = PluginOptions(
         DRIVER,
-        node_name=node,
+        node_name=node,  # also the pool's name
         registry_dir=f"{base}/registry",
         plugins_dir=f"{base}/plugins",
         cdi_dir=f"{base}/cdi",
-        kube_client=make_client(kubeconfig) if kubeconfig else None,
-        on_device_fault=lambda pool, dev, msg: print(f"permanent fault {pool}/{dev}: {msg}"),
+        state_dir=f"{base}/state",  # checkpoint, taints, control.sock
+        kube_client=client,  # None: no claims fetched, no slices published
+        refuse_unhealthy=True,
+        metrics_port=metrics_port,
+        stop_on_signals=True,
     )
-    handle = await start(FpgaDriver(hub), options, health=hub)
-    install_signal_handlers(asyncio.get_running_loop(), handle)
-    probe = asyncio.create_task(probe_forever(hub, node, f"{base}/faults"))
+    handle = await start(FpgaDriver(), options, health=hub, resources=cards)
+    probing = asyncio.create_task(probe_forever(hub, node, f"{base}/faults"))
     print(f"ready: {handle.registrar_socket} (DRA socket {handle.endpoint})", flush=True)
     try:
         await handle.wait()  # until SIGTERM/SIGINT
     finally:
-        probe.cancel()
+        probing.cancel()
         hub.close()
+        if client is not None:
+            await client.close()
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", default="/tmp/fpga-driver", help="directory for all sockets")
     parser.add_argument("--node", default=os.environ.get("NODE_NAME", "node-1"))
-    parser.add_argument("--kubeconfig", default=None, help="API access (claims are fetched)")
+    parser.add_argument("--kubeconfig", default=None, help="API access: claims and slices")
+    parser.add_argument("--metrics-port", type=int, default=None, help="serve /metrics")
     args = parser.parse_args()
-    asyncio.run(main(args.base, args.node, args.kubeconfig))
+    asyncio.run(main(args.base, args.node, args.kubeconfig, args.metrics_port))
