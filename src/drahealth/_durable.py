@@ -128,10 +128,22 @@ def checksum(body: Any) -> str:
     return "sha256:" + hashlib.sha256(_canonical(body)).hexdigest()
 
 
-def dump_envelope(version: int, key: str, body: Any) -> bytes:
-    """The envelope bytes for ``body`` (indented JSON, trailing newline)."""
-    doc = {"version": version, "checksum": checksum(body), key: body}
-    return json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False).encode() + b"\n"
+def dump_envelope(version: int, key: str, body: Any, *, compact: bool = False) -> bytes:
+    """The envelope bytes for ``body`` (indented JSON, trailing newline).
+
+    ``compact``: one line, with ``body`` as its canonical JSON (encoded once, for the
+    checksum and the content): about five times cheaper than indented JSON, whose
+    encoder is pure Python. Both read back the same with :func:`load_envelope`.
+    """
+    if not compact:
+        doc = {"version": version, "checksum": checksum(body), key: body}
+        return json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False).encode() + b"\n"
+    canonical = _canonical(body)
+    head = {"checksum": "sha256:" + hashlib.sha256(canonical).hexdigest(), "version": version}
+    fields = {name: json.dumps(value).encode() for name, value in head.items()}
+    fields[key] = canonical
+    items = b",".join(json.dumps(name).encode() + b":" + fields[name] for name in sorted(fields))
+    return b"{" + items + b"}\n"
 
 
 def load_envelope(raw: bytes, version: int, key: str) -> Any:

@@ -4,7 +4,7 @@ Owns the checkpoint file format and its crash-safe write; knows nothing of gRPC,
 the API server or locking (callers serialize writers: the plugin holds its state
 lock, plus an ``flock`` when rolling-update instances share the file).
 
-File format (JSON, UTF-8)::
+File format (JSON, UTF-8; written as one line, any JSON layout is read)::
 
     {"version": 1,
      "checksum": "sha256:<hex of sha256 over the canonical JSON of 'claims'>",
@@ -183,8 +183,19 @@ class Checkpoint:
 
     def save(self, claims: Mapping[str, ClaimEntry]) -> None:
         """Atomically replace the file with ``claims``."""
+        self.write(self.encode(claims))
+
+    @staticmethod
+    def encode(claims: Mapping[str, ClaimEntry]) -> bytes:
+        """The file's bytes for ``claims`` (one line of canonical JSON: cheap enough to
+        build on the event loop for a node's claims)."""
         body = {uid: claims[uid].to_json() for uid in sorted(claims)}
-        atomic_write(self._path, dump_envelope(CHECKPOINT_VERSION, "claims", body))
+        return dump_envelope(CHECKPOINT_VERSION, "claims", body, compact=True)
+
+    def write(self, data: bytes) -> None:
+        """Atomically replace the file with ``data`` from :meth:`encode` (blocking:
+        two fsyncs; run it in a worker thread from async code)."""
+        atomic_write(self._path, data)
 
     def _decode(self, raw: bytes) -> dict[str, ClaimEntry]:
         claims = load_envelope(raw, CHECKPOINT_VERSION, "claims")

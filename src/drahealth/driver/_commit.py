@@ -88,7 +88,8 @@ class GroupCommit:
                 self._inflight_waiters, self._waiters = self._waiters, []
                 self._inflight = snapshot = self._claims
                 try:
-                    await asyncio.to_thread(self._checkpoint.save, snapshot)
+                    data = self._checkpoint.encode(snapshot)  # on the loop: no GIL ping-pong
+                    await asyncio.to_thread(self._checkpoint.write, data)
                 except Exception as exc:
                     self._claims = self._durable
                     self._fail(exc)

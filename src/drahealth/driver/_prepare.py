@@ -572,7 +572,7 @@ class ClaimPreparer:
         batch: list[tuple[Sequence[Any], asyncio.Future[dict[str, Any]]]] = []
         try:
             async with self._serialized():
-                if not done.done():
+                if any(fut is done for _, fut in queue):  # not taken along by a leader
                     batch = list(queue)
                     queue.clear()
                     merged = list({i.uid: i for items_, _ in batch for i in items_}.values())
