@@ -579,3 +579,29 @@ async def test_cdi_off_uses_driver_ids_only(short_dir: str) -> None:
     [dev] = (await p.prepare([ref(claim)]))["uid-1"].devices or []
     assert dev.cdi_device_ids == ["vendor.com/gpu=gpu-0"]
     assert p.cdi is None
+
+
+async def test_batches_share_checkpoint_writes_and_answer_only_once_durable(
+    short_dir: str,
+) -> None:
+    claims = [make_claim(f"u{i}", f"c{i}", results=[result("gpus", f"gpu-{i}")]) for i in range(3)]
+    driver = FakeDriver()
+    driver.delay = 0.05
+    p = await loaded(driver, options(short_dir, FakeClient(*claims)))
+    path = p.checkpoint.path
+
+    async def prepare_and_read(claim: ResourceClaim) -> ClaimState:
+        got = await p.prepare([ref(claim)])
+        assert got[ref(claim).uid].error is None
+        # what the file says the moment the reply exists
+        return (await asyncio.to_thread(p.checkpoint.load))[ref(claim).uid].state
+
+    first = asyncio.create_task(prepare_and_read(claims[0]))
+    await driver.entered.wait()  # the first batch is inside the driver
+    rest = [asyncio.create_task(prepare_and_read(c)) for c in claims[1:]]
+    states = await asyncio.gather(first, *rest)
+    assert states == [ClaimState.PREPARE_COMPLETED] * 3
+    assert [len(c) for c in driver.prepare_calls] == [1, 2]
+    # Started(u0); Completed(u0) with Started(u1, u2); Completed(u1, u2): 3 writes, not 4
+    assert p._commit.writes == 3
+    assert _read_json(path)["claims"].keys() == {"u0", "u1", "u2"}
