@@ -1,9 +1,11 @@
 """A whole DRA device-health cluster on one machine, for ``drahealth demo``.
 
 Owns :class:`LocalCluster`: the embedded API server and the control plane's stand-ins
-and remediation controller in this process; per simulated node a sample GPU driver
-(``drahealth driver``) and a node agent (``drahealth agent --mode kubelet``) as real
-subprocesses, each with its own registry, plugin, CDI and state directories under the
+(one :class:`~drahealth.controlplane.ControlPlane`, as ``drahealth apiserver
+--with-controllers`` runs it) and the remediation controller in this process; per
+simulated node a sample GPU driver (``drahealth driver``) and a node agent (``drahealth
+agent --mode kubelet``) as real subprocesses, each with its own registry, plugin, CDI and
+state directories under the
 work directory. Which driver runs (name, profile options) and what the agents get on top
 (``--attach`` configs) are parameters: ``drahealth demo --profile nvidia`` runs the
 simulated NVIDIA driver. ``start()`` returns once every node's ResourceSlice is published;
@@ -13,7 +15,6 @@ simulated NVIDIA driver. ``start()`` returns once every node's ResourceSlice is 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import sys
 import time
@@ -28,9 +29,8 @@ from lightkube.resources.core_v1 import Node
 from lightkube.resources.resource_v1 import ResourceSlice
 
 from drahealth._aio import cancel_and_wait
-from drahealth.controlplane import APIServer
+from drahealth.controlplane import APIServer, ControlPlane
 from drahealth.core import NEWEST_KUBE_VERSION, KubeProfile, Policy, kube_profile
-from drahealth.kube import make_client
 
 __all__ = ["DRIVER", "LocalCluster", "NodeProcesses"]
 
@@ -91,25 +91,25 @@ class LocalCluster:
         self.nodes = [
             NodeProcesses(f"node-{i + 1}", workdir / f"node-{i + 1}") for i in range(nodes)
         ]
-        self.server = APIServer(profile=self.profile)
+        #: the API server and the stand-in controllers (as ``drahealth apiserver
+        #: --with-controllers`` runs them)
+        self.plane = ControlPlane(APIServer(profile=self.profile))
+        self.server = self.plane.server
         self.controller: Any = None
         self.kubeconfig = workdir / "kubeconfig"
         self.client: AsyncClient | None = None
         self._logs: list[IO[bytes]] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self._standins: Any = None
 
     async def start(self, timeout: float = 30.0) -> None:  # noqa: ASYNC109
-        from drahealth.controlplane import StandIns
         from drahealth.remedy import RemediationController
 
-        await self.server.start(host="127.0.0.1", port=self.port)
+        await self.plane.start(host="127.0.0.1", port=self.port)
         self.server.write_kubeconfig(self.kubeconfig)
-        self.client = make_client(server_url=self.server.url)
+        self.client = self.plane.client
+        assert self.client is not None
         for node in self.nodes:
             await self.client.create(Node(metadata=ObjectMeta(name=node.name)))
-        self._standins = StandIns(self.client, self.profile)
-        await self._standins.start()
         self.controller = RemediationController(
             self.client, self.policy, identity="demo-controller"
         )
@@ -191,11 +191,6 @@ class LocalCluster:
                 proc.kill()
                 await proc.wait()
         await cancel_and_wait(self._tasks)
-        if self._standins is not None:
-            await self._standins.stop()
-        if self.client is not None:
-            with contextlib.suppress(Exception):
-                await self.client.close()
-        await self.server.stop()
+        await self.plane.stop()
         for log in self._logs:
             log.close()

@@ -8,6 +8,13 @@ the release would refuse is a usage error (exit 2). ``python -m drahealth.contro
 runs the same command standalone. With ``--data``
 every write is durable before it is answered; exits 1 with the reason when the data
 file cannot be loaded, or when persistence is failing at shutdown.
+
+``--with-controllers`` also runs the control plane's stand-in controllers (scheduler with
+DRA allocation, resourceclaim, ReplicaSet, Job and device-taint eviction controllers), the
+same ones ``drahealth demo`` runs, but no driver, node agent or workload: a driver author
+runs their own driver and a kubelet-mode agent per node (``docs/apiserver.md``). It says on
+stderr which controllers run and where the kubeconfig is (a temporary one unless
+``--kubeconfig-out`` names a file).
 """
 
 from __future__ import annotations
@@ -60,6 +67,13 @@ __all__ = ["apiserver_command"]
     help="Persist all objects to FILE and FILE.wal (loaded at start; every write is "
     "durable before it is answered).",
 )
+@click.option(
+    "--with-controllers",
+    is_flag=True,
+    help="Also run the stand-in controllers (scheduler with DRA allocation, resourceclaim, "
+    "ReplicaSet, Job, device-taint eviction), so that pods with claims get devices once a "
+    "driver and a kubelet-mode agent run for a node.",
+)
 @kube_version_option(
     "Kubernetes release to serve: its API versions, kinds and fields with its default feature gates"
 )
@@ -73,6 +87,7 @@ def apiserver_command(
     allowed_hosts: tuple[str, ...],
     kubeconfig_out: Path | None,
     data: Path | None,
+    with_controllers: bool,
     kube_version: str,
     feature_gates: str,
 ) -> None:
@@ -92,6 +107,7 @@ def apiserver_command(
                 host=host,
                 allowed_hosts=allowed_hosts,
                 profile=profile,
+                with_controllers=with_controllers,
             )
         )
     except DataFileError as e:

@@ -13,7 +13,8 @@ discovery), ``_selectors``, ``_patch`` (merge/JSON/strategic patch), ``_apply``
 (server-side apply, managedFields), ``_strategy`` (per-kind create/update rules),
 ``_validate``, ``_eviction`` (PDB arithmetic), ``_table`` (kubectl tables),
 ``_persist`` (data file), ``_engine`` (operations), ``_server`` (HTTP, lifecycle),
-``cli`` (the ``drahealth apiserver`` command). Stand-ins for the cluster's
+``_plane`` (``ControlPlane``: the server with the stand-ins started as one, and
+``serve_forever`` for the ``drahealth apiserver`` command). Stand-ins for the cluster's
 controllers, which a real cluster has and the server does not run: ``_allocate``
 (DRA allocation), ``_scheduler`` (node filters, allocation, binding, its Events),
 ``_claims`` (the resourceclaim controller: generated claims, reservations, deallocation),
@@ -23,12 +24,13 @@ controllers, which a real cluster has and the server does not run: ``_allocate``
 from typing import TYPE_CHECKING, Any
 
 from ._persist import DataFileError
-from ._server import APIServer, serve_forever
+from ._plane import ControlPlane, serve_forever
+from ._server import APIServer
 
 if TYPE_CHECKING:
     from ._standins import StandIns
 
-__all__ = ["APIServer", "DataFileError", "StandIns", "serve_forever"]
+__all__ = ["APIServer", "ControlPlane", "DataFileError", "StandIns", "serve_forever"]
 
 
 def __getattr__(name: str) -> Any:

@@ -76,6 +76,11 @@ def _pod_merge_keys() -> dict[Path, str]:
     return keys
 
 
+def _template_merge_keys() -> dict[Path, str]:
+    """The pod spec's merge keys under a workload's ``spec.template``."""
+    return {("spec", "template", *k): v for k, v in _pod_merge_keys().items() if k[0] == "spec"}
+
+
 @dataclass(frozen=True)
 class ResourceType:
     """One served resource (a kind at one group/version)."""
@@ -197,6 +202,18 @@ BASE_RESOURCES: tuple[ResourceType, ...] = (
     ),
     ResourceType("", "v1", "ConfigMap", "configmaps", True, core_v1.ConfigMap, short_names=("cm",)),
     ResourceType("coordination.k8s.io", "v1", "Lease", "leases", True, coordination_v1.Lease),
+    ResourceType(
+        "apps",
+        "v1",
+        "Deployment",
+        "deployments",
+        True,
+        apps_v1.Deployment,
+        short_names=("deploy",),
+        categories=("all",),
+        subresources=("status", "scale"),
+        merge_keys=_template_merge_keys(),
+    ),
     ResourceType(
         "apps",
         "v1",

@@ -28,7 +28,6 @@ import msgspec
 import yaml
 from aiohttp import web
 
-from drahealth._aio import on_stop_signals
 from drahealth._http_guard import HTTPGuard, HTTPLimits
 from drahealth.core import NEWEST_KUBE_VERSION, KubeProfile, kube_profile
 
@@ -820,29 +819,4 @@ class APIServer:
         return resp
 
 
-async def serve_forever(
-    port: int = 0,
-    kubeconfig_out: Path | None = None,
-    data: Path | None = None,
-    host: str = "127.0.0.1",
-    allowed_hosts: tuple[str, ...] = (),
-    profile: KubeProfile | None = None,
-) -> None:
-    """Run an API server until SIGINT/SIGTERM; prints ``listening on URL`` once ready.
-
-    ``profile``: the release to serve (None: the newest with its default gates).
-    """
-    server = APIServer(data_file=data, allowed_hosts=allowed_hosts, profile=profile)
-    await server.start(host=host, port=port)
-    if kubeconfig_out is not None:
-        server.write_kubeconfig(kubeconfig_out)
-    stop = asyncio.Event()
-    with on_stop_signals(stop.set):
-        print(f"listening on {server.url}", flush=True)
-        try:
-            await stop.wait()
-        finally:
-            await server.stop()
-
-
-__all__ = ["APIServer", "serve_forever"]
+__all__ = ["APIServer"]

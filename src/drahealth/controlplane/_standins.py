@@ -16,9 +16,10 @@ being deleted) per ReplicaSet from its template, as the ReplicaSet controller do
 and writes its status (``replicas``, ``fullyLabeledReplicas``, ``readyReplicas``,
 ``availableReplicas`` after ``minReadySeconds``, ``observedGeneration``).
 
-:class:`StandIns` runs the scheduler, resourceclaim and Job (``_jobs``) stand-ins and these
-two, following a release profile: the eviction stand-in runs only where the release evicts
-for device taints (``DRADeviceTaints``). Stand-ins serve the embedded control plane only; a real
+:class:`StandIns` runs the scheduler, resourceclaim, Deployment (``_deployments``) and Job
+(``_jobs``) stand-ins and these two, following a release profile: the eviction stand-in
+runs only where the release evicts for device taints (``DRADeviceTaints``). Stand-ins
+serve the embedded control plane only; a real
 cluster has the real controllers.
 """
 
@@ -43,6 +44,7 @@ from drahealth._aio import cancel_and_wait
 from drahealth._time import now_rfc3339
 from drahealth.controlplane._allocate import Device, devices_from_slices
 from drahealth.controlplane._claims import ClaimsStandIn
+from drahealth.controlplane._deployments import DeploymentStandIn
 from drahealth.controlplane._eviction import with_condition
 from drahealth.controlplane._jobs import JobStandIn
 from drahealth.controlplane._loop import reconcile_loop
@@ -366,7 +368,7 @@ class ReplicaSetStandIn:
 
 class StandIns:
     """The embedded control plane's controllers: scheduler, resourceclaims, taint eviction,
-    ReplicaSets.
+    Deployments, ReplicaSets, Jobs.
 
     ``profile`` is the release the API server serves (None: the newest); without
     ``DRADeviceTaints`` there is no taint eviction (``taint_eviction`` is None).
@@ -381,6 +383,7 @@ class StandIns:
             TaintEvictionStandIn(client, profile) if profile.taint_eviction else None
         )
         self.replicasets = ReplicaSetStandIn(client)
+        self.deployments = DeploymentStandIn(client)
         self.jobs = JobStandIn(client)
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -389,12 +392,26 @@ class StandIns:
             asyncio.create_task(self.scheduler.run(), name="scheduler-stand-in"),
             asyncio.create_task(self.claims.run(), name="resourceclaim-stand-in"),
             asyncio.create_task(self.replicasets.run(), name="replicaset-stand-in"),
+            asyncio.create_task(self.deployments.run(), name="deployment-stand-in"),
             asyncio.create_task(self.jobs.run(), name="job-stand-in"),
         ]
         if self.taint_eviction is not None:
             self._tasks.append(
                 asyncio.create_task(self.taint_eviction.run(), name="taint-eviction-stand-in")
             )
+
+    def describe(self) -> list[str]:
+        """What runs, one phrase per stand-in, in the order they start."""
+        running = [
+            "scheduler (node filters, DRA allocation, binding)",
+            "resourceclaim controller (claims from templates, reservations)",
+            "Deployment controller (Recreate)",
+            "ReplicaSet controller",
+            "Job controller",
+        ]
+        if self.taint_eviction is not None:
+            running.append("device-taint eviction (NoExecute)")
+        return running
 
     async def stop(self) -> None:
         await cancel_and_wait(self._tasks)

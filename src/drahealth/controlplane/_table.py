@@ -243,6 +243,39 @@ _COLUMNS: dict[tuple[str, str], list[Column]] = {
         ("Images", "string", lambda o: _containers(o, "image"), 1),
         ("Selector", "string", _selector, 1),
     ],
+    ("apps", "Deployment"): [
+        _NAME,
+        (
+            "Ready",
+            "string",
+            lambda o: (
+                f"{_get(o, 'status', 'readyReplicas', default=0) or 0}/"
+                f"{_get(o, 'spec', 'replicas', default=1)}"
+            ),
+            0,
+        ),
+        (
+            "Up-to-date",
+            "integer",
+            lambda o: _get(o, "status", "updatedReplicas", default=0) or 0,
+            0,
+        ),
+        (
+            "Available",
+            "integer",
+            lambda o: _get(o, "status", "availableReplicas", default=0) or 0,
+            0,
+        ),
+        _AGE,
+        ("Containers", "string", lambda o: _template_field(o, "name"), 1),
+        ("Images", "string", lambda o: _template_field(o, "image"), 1),
+        (
+            "Selector",
+            "string",
+            lambda o: format_label_selector(_get(o, "spec", "selector", default=None)),
+            1,
+        ),
+    ],
     ("apps", "ReplicaSet"): [
         _NAME,
         ("Desired", "integer", lambda o: _get(o, "spec", "replicas", default=1), 0),

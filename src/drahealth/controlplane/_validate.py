@@ -30,7 +30,12 @@ from drahealth.core import KubeProfile, matches_dns_label, matches_dns_subdomain
 from ._batch import job_causes
 from ._cel_k8s import MAX_EXPRESSION_LENGTH, CELCompileError, compile_selector
 from ._resources import ResourceType
-from ._selectors import SelectorError, validate_label_key, validate_label_value
+from ._selectors import (
+    SelectorError,
+    selector_from_object,
+    validate_label_key,
+    validate_label_value,
+)
 from ._status import cause
 
 JSON = dict[str, Any]
@@ -1209,12 +1214,49 @@ def _is_extended_resource_name(name: str) -> bool:
     return True
 
 
+def _deployment_causes(obj: JSON, profile: KubeProfile | None) -> list[JSON]:
+    """apps/v1 Deployment: upstream's checks of what the Deployment stand-in reads
+    (counts not negative, a selector that selects the template's labels, containers)."""
+    spec = _dict(obj.get("spec"))
+    out: list[JSON] = []
+    for f in ("replicas", "minReadySeconds", "revisionHistoryLimit"):
+        value = spec.get(f)
+        if isinstance(value, int) and value < 0:
+            out.append(invalid_value(f"spec.{f}", value, "must be greater than or equal to 0"))
+    template = _dict(spec.get("template"))
+    labels = _dict(_dict(template.get("metadata")).get("labels"))
+    selector = spec.get("selector")
+    if not isinstance(selector, dict) or not (
+        selector.get("matchLabels") or selector.get("matchExpressions")
+    ):
+        out.append(required("spec.selector"))
+    else:
+        try:
+            parsed = selector_from_object(selector)
+        except SelectorError as e:
+            out.append(invalid_value("spec.selector", selector, str(e)))
+        else:
+            if parsed is not None and not parsed.matches(
+                {str(k): str(v) for k, v in labels.items()}
+            ):
+                out.append(
+                    invalid_value(
+                        "spec.template.metadata.labels", labels,
+                        "`selector` does not match template `labels`",
+                    )
+                )  # fmt: skip
+    if not _list(_dict(template.get("spec")).get("containers")):
+        out.append(required("spec.template.spec.containers"))
+    return out
+
+
 #: (group, kind): the rules hold for every version of the kind.
 _KIND_RULES: dict[tuple[str, str], Callable[[JSON, KubeProfile | None], list[JSON]]] = {
     ("", "Pod"): _pod_causes,
     ("resource.k8s.io", "DeviceTaintRule"): _device_taint_rule_causes,
     ("resource.k8s.io", "ResourceSlice"): _resource_slice_causes,
     ("policy", "PodDisruptionBudget"): _pdb_causes,
+    ("apps", "Deployment"): _deployment_causes,
     ("authorization.k8s.io", "SelfSubjectAccessReview"): _access_review_causes,
 }
 
