@@ -70,13 +70,17 @@ async def test_grid_loads_and_a_fault_turns_the_device_red(
             await page.wait_for_function(
                 "document.querySelectorAll('.device.healthy').length == 4", timeout=10_000
             )
-            assert await cells.count() == 4
-            assert await page.locator('.node[data-node="node-1"] h2').inner_text() == "node-1"
+            assert await cells.count() == 4  # a small fleet opens every node
+            row = page.locator('tr.node-row[data-node="node-1"]')
+            assert await row.locator("button.toggle").inner_text() == "node-1"
+            assert await row.get_attribute("data-healthy") == "4"
 
             key = "gpu.example.com/node-1/gpu-2"
             t0 = time.monotonic()
             await cluster.inject(cluster.nodes[0], "gpu-2", "unhealthy", "--message", "XID 79")
             await page.wait_for_selector(f'.device.unhealthy[data-key="{key}"]', timeout=2_000)
+            # the label says it in words, not only in colour
+            assert "NOT HEALTHY" in await page.locator(f'.device[data-key="{key}"]').inner_text()
             took = time.monotonic() - t0
             print(f"fault -> red cell in the browser: {took * 1000:.0f} ms")
             assert took < 2.0
@@ -86,6 +90,13 @@ async def test_grid_loads_and_a_fault_turns_the_device_red(
             await page.wait_for_selector("#detail h3")
             text = await page.locator("#detail").inner_text()
             assert key in text and "XID 79" in text and "NoSchedule" in text
+            # the health timeline: Healthy, then Unhealthy (newest first)
+            await page.wait_for_selector("#timeline tr[data-entry=Unhealthy]", timeout=5_000)
+            entries = await page.locator("#timeline tr").evaluate_all(
+                "rows => rows.map(r => r.dataset.entry)"
+            )
+            assert entries[0] == "Unhealthy" and "Healthy" in entries[1:]
+            assert "device=" in page.url  # the selection is in the URL
             await page.screenshot(path=str(tmp_path / "dashboard.png"))
             await browser.close()
     finally:

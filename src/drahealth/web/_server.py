@@ -6,7 +6,8 @@ number ``seq`` and the counts over time (``samples``), ``/api/events`` a
 ``text/event-stream`` that sends that state at once (``event: state``) and after every
 change only what changed (``event: delta``: ``seq``, the devices ``set`` (each with its
 ``node``) and the keys ``del``-eted, the page-wide parts when they changed, the new
-counts ``sample``), coalesced; a comment every 15 s keeps proxies from closing it.
+counts ``sample`` and ``sampleReplaces``, true when it takes the last one's place),
+coalesced; a comment every 15 s keeps proxies from closing it.
 ``/api/history?device=DRIVER/POOL/DEVICE`` the device's controller actions and Events,
 ``/api/timeline?device=DRIVER/POOL/DEVICE`` its health timeline (see
 :class:`~._timeline.Timeline`: bounded per device, in devices and in samples), and
@@ -271,9 +272,10 @@ class Dashboard:
         except ValueError as exc:  # NaN/Infinity would stop every viewer's page
             self._warn(f"state not published, it is not valid JSON: {exc}")
             return
-        _, sample = self.timeline.observe((d for _, d in devices.values()), now)
-        if sample is not None:
-            text = text[:-1] + ',"sample":' + json_text(sample, separators=(",", ":")) + "}"
+        _, sample, replaces = self.timeline.observe((d for _, d in devices.values()), now)
+        if sample is not None:  # the new counts sample, and whether it replaces the last one
+            extra = json_text({"sample": sample, "sampleReplaces": replaces}, separators=(",", ":"))
+            text = text[:-1] + "," + extra[1:]
         self.state = {"seq": delta["seq"], **state, **page}
         self._devices, self._page, self._text = devices, page, None
         for q, request in list(self._subscribers.items()):
@@ -285,7 +287,8 @@ class Dashboard:
     def state_text(self) -> str:
         """The whole state as JSON (built when first asked after a change)."""
         if self._text is None:
-            state = {**self.state, "samples": list(self.timeline.samples)}
+            samples = self.timeline.samples
+            state = {**self.state, "samples": list(samples), "maxSamples": samples.maxlen}
             self._text = json_text(state, separators=(",", ":"))
         return self._text
 

@@ -94,9 +94,11 @@ class Timeline:
     def __len__(self) -> int:
         return len(self._devices)
 
-    def observe(self, devices: Iterable[JSON], now: float) -> tuple[list[str], JSON | None]:
-        """Record a snapshot's devices; the keys whose timeline grew and the new sample
-        (None when the counts did not change)."""
+    def observe(
+        self, devices: Iterable[JSON], now: float
+    ) -> tuple[list[str], JSON | None, bool]:
+        """Record a snapshot's devices; the keys whose timeline grew, the new sample (None
+        when the counts did not change) and whether it replaced the last one."""
         changed: list[str] = []
         seen: list[JSON] = []
         for d in devices:
@@ -121,11 +123,12 @@ class Timeline:
         sample = {"t": round(now, 3), **counts(seen)}
         last = self.samples[-1] if self.samples else None
         if last is not None and {**last, "t": 0} == {**sample, "t": 0}:
-            return changed, None
-        if last is not None and now - last["t"] < self.sample_gap and len(self.samples) > 1:
+            return changed, None, False
+        replace = last is not None and now - last["t"] < self.sample_gap and len(self.samples) > 1
+        if replace:
             self.samples.pop()
         self.samples.append(sample)
-        return changed, sample
+        return changed, sample, replace
 
     def device(self, key: str) -> list[list[Any]]:
         """The device's entries, oldest first: ``[time, health, taint]`` each."""

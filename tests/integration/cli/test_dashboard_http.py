@@ -112,7 +112,8 @@ def apply_delta(state: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
     ]
     out.update({k: delta[k] for k in ("remediation", "unavailable") if k in delta})
     if "sample" in delta:
-        out["samples"] = [*state["samples"], delta["sample"]]
+        kept = state["samples"][:-1] if delta["sampleReplaces"] else state["samples"]
+        out["samples"] = [*kept, delta["sample"]][-state["maxSamples"] :]
     return out
 
 
