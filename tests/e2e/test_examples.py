@@ -246,12 +246,17 @@ async def _expect(client: AsyncClient, want: dict[str, list[tuple[str, str, str]
 
 
 def test_node_agent_quickstart_with_the_custom_driver() -> None:
-    """The agent (kubelet mode) serves a third-party driver: examples/custom_driver.py."""
+    """The agent (kubelet mode) serves a third-party driver: examples/custom_driver.py,
+    run as the quickstart's docstring shows (from the repository root)."""
+    assert "python examples/node_agent_quickstart.py" in _docstring_commands(
+        f"{ROOT}/examples/node_agent_quickstart.py"
+    )
     proc = subprocess.run(
-        [sys.executable, f"{ROOT}/examples/node_agent_quickstart.py"],
+        [sys.executable, "examples/node_agent_quickstart.py"],
         capture_output=True,
         text=True,
         timeout=100,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()

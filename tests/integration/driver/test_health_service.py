@@ -185,11 +185,13 @@ async def test_stalled_reader_does_not_delay_others() -> None:
             hub.submit(
                 "nvml", [DeviceReport(p, d, U, f"{i:03d} {big}", fatal=False) for p, d in devices]
             )
-            assert loop.time() - t0 < 0.01  # the hub never blocks on a stream
+            # submit is synchronous: it cannot wait for any stream, stalled or not
             prefix = f"{i:03d} "
             await live.until(lambda m: bool(m.devices[0].message.startswith(prefix)))  # noqa: B023
             worst = max(worst, loop.time() - t0)
-        assert worst < 0.1, worst
+        # generous: a loaded CI machine is slow, a live reader queued behind the
+        # stalled one would wait for ever (the stalled stream never reads)
+        assert worst < 2.0, worst
         assert hub.stream_count == 2
         # gRPC flow control really backed the stalled stream up: it is far behind.
         assert min(m.sent for m in hub._streams.mailboxes) < hub.version - 100
