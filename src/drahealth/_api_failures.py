@@ -51,14 +51,16 @@ def _where(config: SingleConfig) -> str:
     return f"kubeconfig {config.fname}" if config.fname else f"server {config.cluster.server}"
 
 
-def load_checked(kubeconfig: str | os.PathLike[str] | None) -> SingleConfig:
+def load_checked(
+    kubeconfig: str | os.PathLike[str] | None, context: str | None = None
+) -> SingleConfig:
     """The configuration a client for ``kubeconfig`` would use, with its files checked.
 
     Raises :class:`~drahealth.kube.KubeConfigError` for a malformed kubeconfig (a usage
     error for the caller) and :class:`CommandError` for a file it names that is missing
     or unreadable.
     """
-    config = load_config(kubeconfig)
+    config = load_config(kubeconfig, context=context)
     user = config.user or User()
     files = (
         ("certificate-authority", config.cluster.certificate_auth),
@@ -124,21 +126,25 @@ def _api_error(exc: ApiError) -> str:
 
 
 @contextlib.contextmanager
-def api_failures(kubeconfig: str | os.PathLike[str] | None, what: str = "") -> Iterator[None]:
+def api_failures(
+    kubeconfig: str | os.PathLike[str] | None, what: str = "", context: str | None = None
+) -> Iterator[None]:
     """Turn API and transport failures inside the block into one-line :class:`CommandError`.
 
     ``what`` (e.g. ``devicetaintrule/x``) prefixes API errors; a malformed kubeconfig
-    becomes click's usage error naming ``--kubeconfig`` (exit 2).
+    becomes click's usage error naming ``--kubeconfig`` (exit 2), or ``--context`` when
+    the context it names is not there.
     """
     try:
         yield
     except KubeConfigError as exc:
-        raise click.BadParameter(str(exc), param_hint="--kubeconfig") from exc
+        hint = "--context" if context is not None and "context" in str(exc) else "--kubeconfig"
+        raise click.BadParameter(str(exc), param_hint=hint) from exc
     except ApiError as exc:
         raise CommandError((f"{what}: " if what else "") + _api_error(exc)) from exc
     except (httpx2.TransportError, ssl.SSLError, ConnectionError) as exc:
         try:
-            server = load_config(kubeconfig).cluster.server
+            server = load_config(kubeconfig, context=context).cluster.server
         except Exception:
             server = "(unknown)"
         message = explain(exc, server)

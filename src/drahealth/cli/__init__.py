@@ -1,6 +1,10 @@
 """The ``drahealth`` command line.
 
-One click group. Every command has its own module in this package, which sits on the
+One click group; ``drahealth --help`` lists every command with its whole one-line
+description, and click's shell completion works
+(``eval "$(_DRAHEALTH_COMPLETE=bash_source drahealth)"``; see docs/cli.md).
+
+Every command has its own module in this package, which sits on the
 top floor (it may import every part; no part imports it), and is imported only when
 run, so ``drahealth --help`` stays fast and one part's imports cannot break another's
 command.
@@ -14,6 +18,9 @@ import logging
 import click
 
 from drahealth import __version__
+
+#: Longest one-line description ``--help`` shows before cutting it (none is this long).
+SHORT_HELP_LIMIT = 500
 
 #: command name -> "module:attribute" of its click command.
 COMMANDS: dict[str, str] = {
@@ -31,10 +38,11 @@ COMMANDS: dict[str, str] = {
     "policy": "drahealth.cli.policy:policy_group",
     "resume": "drahealth.cli.resume:resume_command",
     "status": "drahealth.cli.views:status_command",
+    "stream": "drahealth.cli.stream:stream_command",
     "taint": "drahealth.cli.taint:taint_command",
     "untaint": "drahealth.cli.taint:untaint_command",
     "version": "drahealth.cli.version:version_command",
-    "watch": "drahealth.cli.views:watch_command",
+    "watch": "drahealth.cli.stream:watch_command",  # hidden: the old name of stream
 }
 
 
@@ -51,6 +59,19 @@ class LazyGroup(click.Group):
             assert isinstance(command, click.Command)
             return command
         return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """Each command with its whole one-line description (click would cut it to fit
+        the terminal; here the line wraps instead)."""
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is None or command.hidden:
+                continue
+            rows.append((name, command.get_short_help_str(limit=SHORT_HELP_LIMIT)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

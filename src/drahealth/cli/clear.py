@@ -17,15 +17,15 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import getpass
-import os
 import socket
 from typing import Any, Final
 
 import click
 
-from drahealth._api_failures import CommandError, api_failures, load_checked
+from drahealth._api_failures import CommandError
 from drahealth._text import printable
 from drahealth._time import now_rfc3339_micro
+from drahealth.cli._access import Access, api_options, controller_namespace
 from drahealth.core import DeviceKey
 
 __all__ = ["clear_command", "clear_lines"]
@@ -42,6 +42,17 @@ def _device(_ctx: click.Context, _param: click.Parameter, value: str) -> DeviceK
         raise click.BadParameter(
             f"{value!r} must be DRIVER/POOL/DEVICE, e.g. gpu.example.com/node-1/gpu-0"
         ) from exc
+
+
+def _namespace(access: Access) -> str:
+    """The controller's namespace: ``-n``, else found from its ConfigMaps."""
+    client = access.sync_client()
+    try:
+        return controller_namespace(
+            client, access.namespace, access, lambda m: click.echo(f"note: {m}", err=True)
+        )
+    finally:
+        client.close()
 
 
 def _who() -> str:
@@ -87,25 +98,22 @@ def _prune(current: Any, now: dt.datetime) -> dict[str, Any]:
 
 
 @click.command("clear")
-@click.option("--kubeconfig", required=True, metavar="FILE", help="API access (kubeconfig file).")
+@api_options(
+    namespaced="The remediation controller's namespace [default: found from its ConfigMaps, "
+    "else the context's]."
+)
 @click.argument("device", metavar="DRIVER/POOL/DEVICE", callback=_device)
 @click.option("--reason", default="", help="Why (kept in the device's history).")
-@click.option(
-    "--namespace", default="default", show_default=True, help="The controller's namespace."
-)
 @click.option("--by", "by", default=None, help="Who clears (default: user@host).")
 @click.option("--dry-run", is_flag=True, help="Print the device's state; ask for nothing.")
 def clear_command(
-    kubeconfig: str, device: DeviceKey, reason: str, namespace: str, by: str | None, dry_run: bool
+    access: Access, device: DeviceKey, reason: str, by: str | None, dry_run: bool
 ) -> None:
     """Clear a device's needs-a-human mark: it then recovers as usual."""
     from lightkube import AsyncClient
 
-    from drahealth.kube import make_client
     from drahealth.remedy import ControlError, read_state, send_request
 
-    if not os.path.isfile(kubeconfig):
-        raise click.BadParameter(f"{kubeconfig}: no such file", param_hint="--kubeconfig")
     if len(reason) > MAX_REASON:
         raise click.BadParameter(f"at most {MAX_REASON} characters", param_hint="--reason")
     request = {"at": now_rfc3339_micro(), "by": by or _who()}
@@ -118,7 +126,7 @@ def clear_command(
         return kept
 
     async def run() -> dict[str, Any]:
-        client: AsyncClient = make_client(kubeconfig, field_manager="drahealth-clear")
+        client: AsyncClient = access.async_client("drahealth-clear")
         try:
             state = await read_state(client, namespace)
             if not dry_run:
@@ -130,8 +138,9 @@ def clear_command(
         finally:
             await client.close()
 
-    with api_failures(kubeconfig, f"configmaps in {namespace}"):
-        load_checked(kubeconfig)
+    with access.failures():
+        namespace = _namespace(access)
+    with access.failures(f"configmaps in {namespace}"):
         state = asyncio.run(run())
     for line in clear_lines(device, state):
         click.echo(printable(line))

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import getpass
-import os
 import socket
 from typing import Any
 
 import click
 
-from drahealth._api_failures import CommandError, api_failures, load_checked
+from drahealth._api_failures import CommandError
 from drahealth._text import printable
 from drahealth._time import now_rfc3339_micro
+from drahealth.cli._access import Access, api_options, controller_namespace
 
 __all__ = ["resume_command", "resume_lines"]
 
@@ -62,6 +62,17 @@ def resume_lines(breaker: Any, shown: int = SHOWN) -> list[str]:
     return lines
 
 
+def _namespace(access: Access) -> str:
+    """The controller's namespace: ``-n``, else found from its ConfigMaps."""
+    client = access.sync_client()
+    try:
+        return controller_namespace(
+            client, access.namespace, access, lambda m: click.echo(f"note: {m}", err=True)
+        )
+    finally:
+        client.close()
+
+
 def _who() -> str:
     try:
         user = getpass.getuser()
@@ -71,25 +82,22 @@ def _who() -> str:
 
 
 @click.command("resume")
-@click.option("--kubeconfig", required=True, metavar="FILE", help="API access (kubeconfig file).")
-@click.option(
-    "--namespace", default="default", show_default=True, help="The controller's namespace."
+@api_options(
+    namespaced="The remediation controller's namespace [default: found from its ConfigMaps, "
+    "else the context's]."
 )
 @click.option("--by", "by", default=None, help="Who resumes (default: user@host).")
 @click.option("--dry-run", is_flag=True, help="Print what is held; ask for nothing.")
-def resume_command(kubeconfig: str, namespace: str, by: str | None, dry_run: bool) -> None:
+def resume_command(access: Access, by: str | None, dry_run: bool) -> None:
     """Write the circuit breaker's held taints and resume every tripped group."""
     from lightkube import AsyncClient
 
-    from drahealth.kube import make_client
     from drahealth.remedy import ControlError, read_state, send_request
 
-    if not os.path.isfile(kubeconfig):
-        raise click.BadParameter(f"{kubeconfig}: no such file", param_hint="--kubeconfig")
     request = {"at": now_rfc3339_micro(), "by": by or _who()}
 
     async def run() -> Any:
-        client: AsyncClient = make_client(kubeconfig, field_manager="drahealth-resume")
+        client: AsyncClient = access.async_client("drahealth-resume")
         try:
             state = await read_state(client, namespace)
             if not dry_run:
@@ -101,8 +109,9 @@ def resume_command(kubeconfig: str, namespace: str, by: str | None, dry_run: boo
         finally:
             await client.close()
 
-    with api_failures(kubeconfig, f"configmaps in {namespace}"):
-        load_checked(kubeconfig)
+    with access.failures():
+        namespace = _namespace(access)
+    with access.failures(f"configmaps in {namespace}"):
         breaker = asyncio.run(run())
     for line in resume_lines(breaker):
         click.echo(printable(line))

@@ -15,18 +15,27 @@ is still bad at once); ``untaint DEVICE --release`` only ends a hold. Without
 ``--hold``, the controller holds a device whose rule was deleted for the policy's
 ``ownership.manualUntaintHold``.
 
+``taint`` refuses a device that no ResourceSlice publishes (a typo would otherwise make
+a rule that taints nothing), unless ``--force``. ``untaint`` of a rule the remediation
+controller made says what the controller does next (it holds the device for the
+policy's ``ownership.manualUntaintHold``, or for ``--hold``).
+
+The cluster is found as kubectl finds it (``--kubeconfig``, ``$KUBECONFIG``,
+``--context``; :mod:`drahealth.cli._access`). DeviceTaintRules are cluster-scoped;
+``untaint -n`` names the controller's namespace (for holds), found from the
+controller's ConfigMaps when not given.
+
 Exit codes: 0 done, 1 API error, API unreachable, no DeviceTaintRule API served (the
-line names what the server serves and what to do instead) or nothing to untaint without
-``--hold`` (one ``error:`` line on stderr naming what failed and what to check), 2 usage
-error. Rules are read and written at the version the server serves (asked once per
-command).
+line names what the server serves and what to do instead), a device no slice publishes
+(without ``--force``) or nothing to untaint without ``--hold`` (one ``error:`` line on
+stderr naming what failed and what to check), 2 usage error. Rules are read and written
+at the version the server serves (asked once per command).
 """
 
 from __future__ import annotations
 
 import asyncio
 import getpass
-import os
 import re
 import socket
 import time
@@ -36,9 +45,10 @@ import click
 import yaml
 from lightkube import AsyncClient
 
-from drahealth._api_failures import CommandError, api_failures, load_checked
+from drahealth._api_failures import CommandError
+from drahealth.cli._access import Access, api_options, controller_namespace
 from drahealth.core import format_time, parse_time
-from drahealth.kube import DiscoveryError, ServedAPIs, discover, make_client
+from drahealth.kube import DiscoveryError, ServedAPIs, discover, to_internal
 from drahealth.remedy import (
     EFFECTS,
     ControlError,
@@ -46,6 +56,8 @@ from drahealth.remedy import (
     RuleAPIUnavailable,
     RuleError,
     apply_taint,
+    created_by,
+    names_device,
     parse_device,
     remove_taints,
     rule_body,
@@ -98,6 +110,10 @@ def _set_hold(device: DeviceRef, until: float, by: str, reason: str) -> Any:
     return update
 
 
+def _note(message: str) -> None:
+    click.echo(f"note: {message}", err=True)
+
+
 def _device(_ctx: click.Context, _param: click.Parameter, value: str) -> DeviceRef:
     try:
         return parse_device(value)
@@ -105,12 +121,37 @@ def _device(_ctx: click.Context, _param: click.Parameter, value: str) -> DeviceR
         raise click.BadParameter(str(exc)) from exc
 
 
-def _client(kubeconfig: str) -> AsyncClient:
-    if not os.path.isfile(kubeconfig):
-        raise click.BadParameter(f"{kubeconfig}: no such file", param_hint="--kubeconfig")
-    with api_failures(kubeconfig):
-        load_checked(kubeconfig)
-        return make_client(kubeconfig, field_manager="drahealth-taint")
+async def _published(client: AsyncClient, served: ServedAPIs, device: DeviceRef) -> bool:
+    """Whether a ResourceSlice of ``device``'s driver publishes it (pool and name)."""
+    cls = served.resource("ResourceSlice")
+    if cls is None:
+        return False
+    async for s in client.list(cls, fields={"spec.driver": device.driver}):
+        spec = to_internal(s.to_dict()).get("spec") or {}
+        if spec.get("driver") != device.driver:
+            continue
+        if (spec.get("pool") or {}).get("name") != device.pool:
+            continue
+        if any(d.get("name") == device.device for d in spec.get("devices") or []):
+            return True
+    return False
+
+
+async def _controller_rules(
+    client: AsyncClient, served: ServedAPIs, device: DeviceRef, key: str, effect: str | None
+) -> list[str]:
+    """Names of the remediation controller's rules that ``untaint`` would delete."""
+    cls = served.resource("DeviceTaintRule")
+    if cls is None:
+        return []
+    names = []
+    async for rule in client.list(cls):
+        taint = rule.spec.taint if rule.spec else None
+        if taint is None or taint.key != key or (effect is not None and taint.effect != effect):
+            continue
+        if names_device(rule, device) and created_by(rule) == "controller":
+            names.append(str(rule.metadata.name))
+    return names
 
 
 async def _discover(client: AsyncClient) -> ServedAPIs:
@@ -124,24 +165,32 @@ async def _discover(client: AsyncClient) -> ServedAPIs:
         raise CommandError(str(exc)) from None
 
 
-_KUBECONFIG = click.option(
-    "--kubeconfig", required=True, metavar="FILE", help="API access (kubeconfig file)."
-)
 _DEVICE = click.argument("device", metavar="DRIVER/POOL/DEVICE", callback=_device)
 _KEY = click.option("--key", required=True, help="Taint key, e.g. example.com/maintenance.")
 
 
 @click.command("taint")
-@_KUBECONFIG
+@api_options(namespaced=False)
 @_DEVICE
 @_KEY
 @click.option("--value", default="", help="Taint value (a label value).")
 @click.option("--effect", required=True, type=click.Choice(EFFECTS), help="Taint effect.")
 @click.option("--dry-run", is_flag=True, help="Print the DeviceTaintRule; write nothing.")
+@click.option("--force", is_flag=True, help="Taint a device even if no ResourceSlice publishes it.")
 def taint_command(
-    kubeconfig: str, device: DeviceRef, key: str, value: str, effect: str, dry_run: bool
+    access: Access,
+    device: DeviceRef,
+    key: str,
+    value: str,
+    effect: str,
+    dry_run: bool,
+    force: bool,
 ) -> None:
-    """Taint one device: create or update the operator's DeviceTaintRule for it and KEY."""
+    """Taint one device: create or update the operator's DeviceTaintRule for it and KEY.
+
+    DeviceTaintRules are cluster-scoped (no -n). A device that no ResourceSlice
+    publishes is refused unless --force.
+    """
     try:
         validate_taint(key, value, effect)
     except RuleError as exc:
@@ -153,9 +202,17 @@ def taint_command(
         return
 
     async def run() -> str:
-        client = _client(kubeconfig)
+        client = access.async_client("drahealth-taint")
         try:
             served = await _discover(client)
+            if served.resource("DeviceTaintRule") is None:
+                raise RuleAPIUnavailable(served)
+            if not force and not await _published(client, served, device):
+                raise CommandError(
+                    f"no ResourceSlice publishes {device} (check the name with "
+                    "'drahealth status -o wide' or 'kubectl get resourceslices'; "
+                    "--force taints it anyway)"
+                )
             _, outcome = await apply_taint(
                 client, device, key=key, value=value, effect=effect, served=served
             )
@@ -165,12 +222,15 @@ def taint_command(
             await client.close()
         return f"devicetaintrule/{name} {outcome}"
 
-    with api_failures(kubeconfig, f"devicetaintrule/{name}"):
+    with access.failures(f"devicetaintrule/{name}"):
         click.echo(asyncio.run(run()))
 
 
 @click.command("untaint")
-@_KUBECONFIG
+@api_options(
+    namespaced="The remediation controller's namespace, for holds [default: found from its "
+    "ConfigMaps, else the context's]."
+)
 @_DEVICE
 @click.option("--key", default=None, help="Taint key, e.g. drahealth.io/unhealthy.")
 @click.option(
@@ -188,23 +248,24 @@ def taint_command(
 @click.option(
     "--release", is_flag=True, help="Only end the device's hold: the policy applies again."
 )
-@click.option(
-    "--namespace", default="default", show_default=True, help="The controller's namespace."
-)
 @click.option("--by", "by", default=None, help="Who holds (default: user@host).")
 def untaint_command(
-    kubeconfig: str,
+    access: Access,
     device: DeviceRef,
     key: str | None,
     effect: str | None,
     hold: str | None,
     reason: str,
     release: bool,
-    namespace: str,
     by: str | None,
 ) -> None:
     """Remove the drahealth-made DeviceTaintRules of one device and KEY (optionally
-    holding the controller off it), or end a hold with --release."""
+    holding the controller off it), or end a hold with --release.
+
+    DeviceTaintRules are cluster-scoped; -n names the controller's namespace. Deleting a
+    rule the controller made is an untaint the controller respects: it does not taint
+    the device again for the policy's ownership.manualUntaintHold (or --hold).
+    """
     if release and (hold is not None or key is not None or effect is not None):
         raise click.UsageError("--release takes no --key, --effect or --hold")
     if not release and key is None:
@@ -227,8 +288,20 @@ def untaint_command(
         except ControlError as exc:
             raise CommandError(str(exc)) from None
 
+    ours: list[str] = []
+    namespace = ""
+
+    def find_namespace() -> str:
+        sync = access.sync_client()
+        try:
+            return controller_namespace(sync, access.namespace, access, _note)
+        finally:
+            sync.close()
+
     async def run() -> list[str]:
-        client = _client(kubeconfig)
+        nonlocal namespace
+        namespace = await asyncio.to_thread(find_namespace)
+        client = access.async_client("drahealth-taint")
         try:
             if release:
                 await write_hold(client, time.time(), reason or "released")
@@ -237,6 +310,7 @@ def untaint_command(
             if seconds:  # the hold first: the controller never sees the deletion alone
                 await write_hold(client, time.time() + seconds, reason or "operator untaint")
             served = await _discover(client)
+            ours.extend(await _controller_rules(client, served, device, key, effect))
             deleted = await remove_taints(client, device, key=key, effect=effect, served=served)
             if seconds == 0.0:  # after the deletion: it ends whatever hold it started
                 await write_hold(client, time.time(), reason or "hold 0: re-taint at once")
@@ -246,10 +320,25 @@ def untaint_command(
         finally:
             await client.close()
 
-    with api_failures(kubeconfig, "deleting taint rules"):
+    with access.failures("deleting taint rules"):
         deleted = asyncio.run(run())
     for name in deleted:
         click.echo(f"devicetaintrule/{name} deleted")
+    made = [n for n in deleted if n in ours]
+    if made and seconds is None:
+        click.echo(
+            f"note: the remediation controller made {', '.join(made)}: it takes the deletion "
+            f"as an operator's untaint and does not taint {device} again for the policy's "
+            "ownership.manualUntaintHold (default 30m); after that a device still bad is "
+            "tainted again (--hold DURATION chooses how long, --hold 0 re-taints at once)",
+            err=True,
+        )
+    elif made and seconds == 0.0:
+        click.echo(
+            f"note: the remediation controller made {', '.join(made)}: with --hold 0 it "
+            f"taints {device} again at once if the device is still bad",
+            err=True,
+        )
     if not deleted and seconds:
         click.echo(
             f"no drahealth DeviceTaintRule of {device} with key {key} left to delete "

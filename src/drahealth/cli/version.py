@@ -15,19 +15,19 @@ import click
 import yaml
 
 from drahealth import __version__
-from drahealth._api_failures import CommandError, api_failures, load_checked
+from drahealth._api_failures import CommandError
 from drahealth._served import auto_mode
 from drahealth._text import json_text, printable
+from drahealth.cli._access import Access, api_options
 from drahealth.core import KUBE_VERSIONS
-from drahealth.kube import DiscoveryError, discover_sync, make_sync_client
+from drahealth.kube import DiscoveryError, discover_sync
 
 __all__ = ["version_command"]
 
 
-def _server(kubeconfig: str | None, context: str | None) -> dict[str, Any]:
-    with api_failures(kubeconfig):
-        load_checked(kubeconfig)
-        client = make_sync_client(kubeconfig, context=context)
+def _server(access: Access) -> dict[str, Any]:
+    client = access.sync_client()
+    with access.failures():
         try:
             try:
                 served = discover_sync(client)
@@ -47,15 +47,12 @@ def _server(kubeconfig: str | None, context: str | None) -> dict[str, Any]:
 
 
 @click.command("version")
-@click.option("--kubeconfig", metavar="FILE", help="API access [default: as kubectl].")
-@click.option("--context", default=None, help="Kubeconfig context [default: current].")
+@api_options(namespaced=False)
 @click.option("--client", "client_only", is_flag=True, help="Only drahealth's own version.")
 @click.option(
     "-o", "--output", type=click.Choice(["text", "json", "yaml"]), default="text", show_default=True
 )
-def version_command(
-    kubeconfig: str | None, context: str | None, client_only: bool, output: str
-) -> None:
+def version_command(access: Access, client_only: bool, output: str) -> None:
     """drahealth's version; the cluster's release, DRA API versions and remediation mode."""
     doc: dict[str, Any] = {
         "clientVersion": {"drahealth": __version__, "kubernetes": list(KUBE_VERSIONS)}
@@ -63,7 +60,7 @@ def version_command(
     failure: click.ClickException | None = None
     if not client_only:
         try:
-            doc["serverVersion"] = _server(kubeconfig, context)
+            doc["serverVersion"] = _server(access)
         except click.ClickException as exc:  # a bad kubeconfig too: the client part still shows
             failure = exc
             doc["serverError"] = exc.format_message()

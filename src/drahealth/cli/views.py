@@ -1,16 +1,20 @@
-"""``drahealth status``, ``pods``, ``history``, ``watch``: which pods sit on bad devices, and why.
+"""``drahealth status``, ``pods``, ``history``: which pods sit on bad devices, and why.
 
-Owns the four read-only commands. ``status``, ``pods`` and ``history`` read the API
-(any cluster through a kubeconfig, or the embedded one); ``watch`` opens a dra-health
-stream on any DRA driver's socket. Output: a table (``-o wide`` adds columns), or
-``json`` / ``yaml``. ``status`` exits 3 when a device that is not Healthy is used by a
-pod, so scripts and alerts can use it. Where RBAC forbids cluster-wide reads of pods,
-the commands fall back to the kubeconfig's namespace and say so.
+Owns the three read-only views of the API. They find their cluster and namespace as
+kubectl does (:mod:`drahealth.cli._access`: ``--kubeconfig``, ``$KUBECONFIG``,
+``--context``, ``-n``, ``-A``) and print with the shared ``-o`` formats
+(:mod:`drahealth.cli._output`: table, wide, json, yaml, name, jsonpath, custom-columns).
+``status -w`` and ``pods -w`` watch the API and print again when what they show changes
+(:func:`_watch`); Ctrl-C or SIGTERM ends them with exit code 0.
+
+Exit codes: 0 ok; 1 the API could not be used (one ``error:`` line naming what failed
+and what to check); 2 usage error; 3 (``status``, ``pods``; not with ``-w``) a pod uses a
+bad device: Unhealthy or Unknown, or (``status``) under a NoExecute taint.
 
 Device health is read from the node agents' records in ``--agent-namespace`` only (see
-:mod:`drahealth.core`). Text from the API is shown as plain text: no rich
-markup, escape sequences and control characters removed. When the API cannot be used
-the commands print one ``error:`` line and exit 1 (2 for usage errors).
+:mod:`drahealth.core`). Text from the API is shown as plain text: escape sequences and
+control characters removed. Where RBAC forbids cluster-wide reads of pods, ``-A`` falls
+back to the kubeconfig's namespace and says so.
 
 Each command asks the server once which ``resource.k8s.io`` versions it serves and reads
 every DRA kind at the one chosen (see :mod:`drahealth.kube`). A kind the server does not
@@ -23,46 +27,44 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import click
 import httpx2
-import yaml
 from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
-from drahealth._api_failures import CommandError, api_failures, load_checked
+from drahealth._api_failures import CommandError
 from drahealth._served import NO_CONTROLLER, auto_mode, controller_mode, not_served_note
 from drahealth._text import json_text, printable
+from drahealth.cli._access import Access, api_options, controller_namespace
+from drahealth.cli._output import OUTPUT, Output, emit, human_age
 from drahealth.core import (
     DEFAULT_NAMESPACE,
     LABELS,
     agent_records,
+    format_time,
     history_label,
     mentions_device,
+    parse_time,
 )
-from drahealth.kube import DiscoveryError, ServedAPIs, discover_sync, make_sync_client, to_internal
+from drahealth.kube import DiscoveryError, ServedAPIs, discover_sync, to_internal
 
-__all__ = ["history_command", "pods_command", "status_command", "watch_command"]
+__all__ = ["history_command", "pods_command", "status_command"]
 
+#: Exit code of ``status``/``pods`` when a pod uses a bad device.
 EXIT_BAD_DEVICES_IN_USE = 3
-OUTPUTS = click.Choice(["table", "wide", "json", "yaml"])
-
-
-def _client(kubeconfig: str | None) -> Client:
-    with api_failures(kubeconfig):
-        load_checked(kubeconfig)
-        return make_sync_client(kubeconfig)
-
-
-def _cell(value: object, style: str = "") -> Text:
-    """A table cell showing ``value`` as plain text (never markup, no control characters)."""
-    return Text(printable(value), style=style)
+#: Health values that make a device bad.
+BAD_HEALTH = frozenset({"Unhealthy", "Unknown"})
+#: Watch events within this many seconds are shown as one change.
+COALESCE_SECONDS = 0.3
+#: Longest wait before a broken watch is opened again.
+MAX_RETRY_SECONDS = 10.0
 
 
 def _warn(message: str) -> None:
@@ -171,47 +173,6 @@ def _notes(unserved: set[str], served: ServedAPIs, mode: str | None = None) -> N
         click.echo(f"note: {printable(not_served_note(kind, served, mode))}", err=True)
 
 
-def _emit(rows: list[dict[str, Any]], output: str, table: Table) -> None:
-    if output == "json":
-        click.echo(json_text(rows, indent=2))
-    elif output == "yaml":
-        click.echo(yaml.safe_dump(rows, sort_keys=False, allow_unicode=True), nl=False)
-    else:
-        # like kubectl: never wrap rows when the output is not a terminal
-        width = None if sys.stdout.isatty() else 250
-        Console(width=width, highlight=False).print(table)
-
-
-_KUBECONFIG = click.option("--kubeconfig", metavar="FILE", help="API access [default: as kubectl].")
-_NAMESPACE = click.option("-n", "--namespace", default=None, help="Only pods of this namespace.")
-_OUTPUT = click.option("-o", "--output", type=OUTPUTS, default="table", show_default=True)
-_AGENT_NAMESPACE = click.option(
-    "--agent-namespace",
-    default=DEFAULT_NAMESPACE,
-    show_default=True,
-    help="Namespace of the node agents' device-health ConfigMaps (the agent's --namespace).",
-)
-
-
-def _api_errors(fn: Any) -> Any:
-    """One ``error:`` line and exit 1 when the API cannot be used (see the module doc)."""
-
-    def wrapper(*args: Any, **kw: Any) -> Any:
-        with api_failures(kw.get("kubeconfig")):
-            return fn(*args, **kw)
-
-    wrapper.__name__, wrapper.__doc__ = fn.__name__, fn.__doc__
-    return wrapper
-
-
-_CONTROLLER_NAMESPACE = click.option(
-    "--controller-namespace",
-    default="default",
-    show_default=True,
-    help="Namespace of the remediation controller (its history and state ConfigMaps).",
-)
-
-
 def _header(served: ServedAPIs, recorded: Any, unserved: set[str]) -> list[str]:
     """The server, its DeviceTaintRule API, and the controller's remediation mode."""
     if "DeviceTaintRule" in unserved:
@@ -228,166 +189,377 @@ def _header(served: ServedAPIs, recorded: Any, unserved: set[str]) -> list[str]:
     ]
 
 
-@click.command("status")
-@_KUBECONFIG
-@_NAMESPACE
-@_OUTPUT
-@_AGENT_NAMESPACE
-@_CONTROLLER_NAMESPACE
-@_api_errors
-def status_command(
-    kubeconfig: str | None,
-    namespace: str | None,
-    output: str,
-    agent_namespace: str,
-    controller_namespace: str,
-) -> None:
-    """Every device that is Unhealthy/Unknown or tainted, and the pods using it.
+_AGENT_NAMESPACE = click.option(
+    "--agent-namespace",
+    default=DEFAULT_NAMESPACE,
+    show_default=True,
+    help="Namespace of the node agents' device-health ConfigMaps (the agent's --namespace).",
+)
+_CONTROLLER_NAMESPACE = click.option(
+    "--controller-namespace",
+    "controller_ns",
+    default=None,
+    metavar="NS",
+    help="Namespace of the remediation controller [default: found from its ConfigMaps].",
+)
+_WATCH = click.option(
+    "-w", "--watch", is_flag=True, help="After the listing, print it again whenever it changes."
+)
+_NS_HELP = (
+    "Pods of this namespace [default: the context's namespace, else default]; devices "
+    "are cluster-scoped and always all listed."
+)
 
-    A header names the server, its DeviceTaintRule API and the controller's remediation
-    mode; a "Remediation" block after the table shows the controller's guard rails: the
-    circuit breaker, devices that need a human, operator holds, degraded devices, burn-in
-    and repairs (both on stderr with ``-o json|yaml``, where each row carries its device's
-    ``remediation`` state). Exits 3 when a device that is not Healthy is used by a pod.
-    """
+
+def _bad(row: dict[str, Any]) -> bool:
+    """A device row that is Unhealthy/Unknown or under a NoExecute taint."""
+    return row["health"] in BAD_HEALTH or any(t.get("effect") == "NoExecute" for t in row["taints"])
+
+
+@dataclass
+class View:
+    """One listing: its rows and the lines said around them (stderr with machine output)."""
+
+    rows: list[dict[str, Any]]
+    before: list[str] = field(default_factory=list)
+    after: list[str] = field(default_factory=list)
+    bad_in_use: bool = False
+    #: ``note:`` lines, always on stderr
+    notes: list[str] = field(default_factory=list)
+
+
+def _stamp(since: Any) -> str | None:
+    """Unix seconds or an RFC 3339 text -> RFC 3339 (None stays None)."""
+    if isinstance(since, int | float):
+        return format_time(float(since))
+    return since if isinstance(since, str) and since else None
+
+
+def _age(since: Any, now: float) -> str:
+    when = since if isinstance(since, int | float) else parse_time(since)
+    return human_age(None if when is None else now - when)
+
+
+def status_view(
+    access: Access, agent_namespace: str, controller_ns: str | None, now: float
+) -> View:
+    """The ``status`` listing as of ``now``."""
     from drahealth.cli._inventory import device_rows
     from drahealth.cli._remediation import read_remediation_state, remediation_lines
     from drahealth.remedy import STATE_CONFIGMAP
 
-    client = _client(kubeconfig)
+    client = access.sync_client()
     unserved: set[str] = set()
-    now = time.time()
+    notes: list[str] = []
+    scope = access.scope
     try:
-        served = _discover(client)
-        recorded = _controller_mode(client, controller_namespace)
-        state = read_remediation_state(client, controller_namespace, _note)
-        health = agent_records(
-            _list(client, ConfigMap, agent_namespace, labels=LABELS), agent_namespace
-        )
-        rows = device_rows(
-            health,
-            _list(client, Pod, namespace),
-            _list_dra(client, served, "ResourceClaim", namespace, unserved),
-            _list_dra(client, served, "ResourceSlice", None, unserved),
-            _list_dra(client, served, "DeviceTaintRule", None, unserved),
-            now,
-            _warn,
-            _list_nodes(client),
-            also=state.devices(),
-        )
+        with access.failures():
+            served = _discover(client)
+            ctl_ns = controller_namespace(client, controller_ns, access, notes.append)
+            recorded = _controller_mode(client, ctl_ns)
+            state = read_remediation_state(client, ctl_ns, notes.append)
+            health = agent_records(
+                _list(client, ConfigMap, agent_namespace, labels=LABELS), agent_namespace
+            )
+            rows = device_rows(
+                health,
+                _list(client, Pod, scope),
+                _list_dra(client, served, "ResourceClaim", scope, unserved),
+                _list_dra(client, served, "ResourceSlice", None, unserved),
+                _list_dra(client, served, "DeviceTaintRule", None, unserved),
+                now,
+                _warn,
+                _list_nodes(client),
+                also=state.devices(),
+            )
     finally:
         client.close()
-    structured = output in ("json", "yaml")
-    for line in _header(served, recorded, unserved):
-        click.echo(printable(line), err=structured)
-    _notes(unserved, served, recorded.mode if recorded is not None else None)
-    for note in state.notes:
-        _note(f"configmap {controller_namespace}/{STATE_CONFIGMAP}: {note}")
+    mode = recorded.mode if recorded is not None else None
+    said = [f"note: {not_served_note(kind, served, mode)}" for kind in sorted(unserved)]
+    said += [f"note: {n}" for n in notes]
+    said += [f"note: configmap {ctl_ns}/{STATE_CONFIGMAP}: {n}" for n in state.notes]
     for r in rows:
         r["remediation"] = state.device_state(r["device"], now)
-    wide = output == "wide"
-    marked = any(r["remediation"].get("markers") for r in rows)
-    table = Table(box=None, header_style="bold")
-    for col in ("NODE", "DEVICE", "HEALTH", "AGE", "MESSAGE", "TAINTS", "PODS"):
-        table.add_column(col)
-    if marked:
-        table.add_column("REMEDIATION")
-    if wide:
-        table.add_column("SOURCE")
-    for r in rows:
-        colour = {"Unhealthy": "red", "Unknown": "yellow"}.get(r["health"], "green")
-        taints = ", ".join(
-            f"{t['key']}={t['value']}:{t['effect']}"
-            + (f" ({t['source']}, {t['age']})" if wide else "")
-            for t in r["taints"]
-        )
-        pods = ", ".join(
-            f"{c['namespace']}/{c['pod']}" + (f" (claim {c['claim']})" if wide else "")
-            for c in r["consumers"]
-        )
-        cells = [
-            _cell(r["node"]),
-            _cell(r["device"]),
-            _cell(r["health"], colour),
-            _cell(r["age"]),
-            _cell(r["message"]),
-            _cell(taints),
-            _cell(pods),
-        ]
-        if marked:
-            markers = r["remediation"].get("markers", [])
-            cells.append(_cell(",".join(markers), "bold magenta" if markers else ""))
-        table.add_row(*cells, *([_cell(r["source"])] if wide else []))
-    _emit(rows, output, table)
-    for line in remediation_lines(state, now):
-        click.echo(printable(line), err=structured)
-    if any(r["health"] != "Healthy" and r["consumers"] for r in rows):
+    return View(
+        rows,
+        _header(served, recorded, unserved),
+        remediation_lines(state, now),
+        any(_bad(r) and r["consumers"] for r in rows),
+        said,
+    )
+
+
+def _status_machine(row: dict[str, Any]) -> dict[str, Any]:
+    """A ``status`` row for json/yaml: RFC 3339 times, no ages."""
+    out = {k: v for k, v in row.items() if k != "age"}
+    out["since"] = _stamp(row.get("since"))
+    out["taints"] = [{k: v for k, v in t.items() if k != "age"} for t in row["taints"]]
+    return out
+
+
+def _status_table(now: float) -> Callable[[list[dict[str, Any]], bool], Any]:
+    def table(rows: list[dict[str, Any]], wide: bool) -> tuple[list[str], list[list[str]]]:
+        marked = any(r["remediation"].get("markers") for r in rows)
+        headers = ["NODE", "DEVICE", "HEALTH", "AGE", "MESSAGE", "TAINTS", "PODS"]
+        headers += ["REMEDIATION"] * marked + ["SOURCE"] * wide
+        cells = []
+        for r in rows:
+            taints = ", ".join(
+                f"{t['key']}={t['value']}:{t['effect']}"
+                + (f" ({t['source']}, {_age(t.get('since'), now)})" if wide else "")
+                for t in r["taints"]
+            )
+            pods = ", ".join(
+                f"{c['namespace']}/{c['pod']}" + (f" (claim {c['claim']})" if wide else "")
+                for c in r["consumers"]
+            )
+            line = [
+                r["node"] or "<none>",
+                r["device"],
+                r["health"],
+                _age(r.get("since"), now),
+                r["message"] or "<none>",
+                taints or "<none>",
+                pods or "<none>",
+            ]
+            if marked:
+                line.append(",".join(r["remediation"].get("markers", [])) or "<none>")
+            if wide:
+                line.append(r["source"] or "<none>")
+            cells.append(line)
+        return headers, cells
+
+    return table
+
+
+def _say(lines: list[str], machine: bool) -> None:
+    for line in lines:
+        click.echo(printable(line), err=machine)
+
+
+def _print_status(view: View, output: Output, access: Access, now: float) -> None:
+    _say(view.before, output.machine)
+    _say(view.notes, True)
+    emit(
+        view.rows,
+        output,
+        machine=_status_machine,
+        table=_status_table(now),
+        name=lambda r: f"device/{r['device']}",
+        empty="No bad or tainted devices found.",
+    )
+    _say(view.after, output.machine)
+
+
+@click.command("status")
+@api_options(namespaced=True)
+@OUTPUT
+@_WATCH
+@_AGENT_NAMESPACE
+@_CONTROLLER_NAMESPACE
+def status_command(
+    access: Access,
+    output: Output,
+    watch: bool,
+    agent_namespace: str,
+    controller_ns: str | None,
+) -> None:
+    """Every device that is Unhealthy/Unknown or tainted, and the pods using it.
+
+    Devices are cluster-scoped and all listed; ``-n``/``-A`` choose whose pods are
+    shown using them (default: the context's namespace). A header names the server, its
+    DeviceTaintRule API and the controller's remediation mode; a "Remediation" block
+    after the table shows the controller's guard rails: the circuit breaker, devices
+    that need a human, operator holds, degraded devices, burn-in and repairs (both on
+    stderr with machine output, where each row carries its device's ``remediation``
+    state). Exits 3 when a pod listed uses a device that is Unhealthy, Unknown or under
+    a NoExecute taint.
+    """
+    now = time.time()
+    view = status_view(access, agent_namespace, controller_ns, now)
+    _print_status(view, output, access, now)
+    if watch:
+
+        def again() -> tuple[Any, Callable[[], None]]:
+            t = time.time()
+            v = status_view(access, agent_namespace, controller_ns, t)
+            key = [_status_machine({**r, "remediation": {}}) for r in v.rows]
+            return key, lambda: _print_status(v, output, access, t)
+
+        first = [_status_machine({**r, "remediation": {}}) for r in view.rows]
+        kinds = ["Pod", "ConfigMap", "ResourceClaim", "ResourceSlice", "DeviceTaintRule"]
+        _watch(access, kinds, first, again)
+        return
+    if view.bad_in_use:
         sys.exit(EXIT_BAD_DEVICES_IN_USE)
 
 
-@click.command("pods")
-@_KUBECONFIG
-@_NAMESPACE
-@_OUTPUT
-@_api_errors
-def pods_command(kubeconfig: str | None, namespace: str | None, output: str) -> None:
-    """Per pod: its devices and their health as the pod status shows it (else as the
-    driver's claim condition does; ``-o wide`` names the source)."""
+def pods_view(access: Access) -> View:
     from drahealth.cli._inventory import pod_rows
 
-    client = _client(kubeconfig)
+    client = access.sync_client()
     unserved: set[str] = set()
+    scope = access.scope
     try:
-        served = _discover(client)
-        claims = _list_dra(client, served, "ResourceClaim", namespace, unserved)
-        rows = pod_rows(_list(client, Pod, namespace), claims)
+        with access.failures():
+            served = _discover(client)
+            claims = _list_dra(client, served, "ResourceClaim", scope, unserved)
+            rows = pod_rows(_list(client, Pod, scope), claims)
     finally:
         client.close()
-    _notes(unserved, served)
-    wide = output == "wide"
-    table = Table(box=None, header_style="bold")
-    for col in ("NAMESPACE", "POD", "NODE", "DEVICE", "HEALTH", "MESSAGE"):
-        table.add_column(col)
-    if wide:
-        table.add_column("PHASE")
-        table.add_column("CLAIM")
-        table.add_column("SOURCE")
+    said = [f"note: {not_served_note(kind, served, None)}" for kind in sorted(unserved)]
+    return View(rows, [], [], any(r["health"] in BAD_HEALTH for r in rows), said)
+
+
+def _pods_table(rows: list[dict[str, Any]], wide: bool) -> tuple[list[str], list[list[str]]]:
+    headers = ["NAMESPACE", "POD", "NODE", "DEVICE", "HEALTH", "MESSAGE"]
+    headers += ["PHASE", "CLAIM", "SOURCE"] * wide
+    cells = []
     for r in rows:
-        colour = {"Unhealthy": "red", "Unknown": "yellow", "Healthy": "green"}.get(
-            r["health"], "dim"
-        )
-        cells = [
-            _cell(r["namespace"]),
-            _cell(r["pod"]),
-            _cell(r["node"]),
-            _cell(r["device"]),
-            _cell(r["health"], colour),
-            _cell(r["message"]),
+        line = [r["namespace"], r["pod"], r["node"] or "<none>", r["device"], r["health"]]
+        line.append(r["message"] or "<none>")
+        if wide:
+            line += [r["phase"], f"{r['claim']}/{r['request']}", r["source"] or "<none>"]
+        cells.append(line)
+    return headers, cells
+
+
+def _print_pods(view: View, output: Output, access: Access) -> None:
+    _say(view.notes, True)
+    emit(
+        view.rows,
+        output,
+        table=_pods_table,
+        name=lambda r: f"pod/{r['pod']}",
+        empty=f"No pods using DRA devices found {access.where()}.",
+    )
+
+
+@click.command("pods")
+@api_options(namespaced=True)
+@OUTPUT
+@_WATCH
+def pods_command(access: Access, output: Output, watch: bool) -> None:
+    """Per pod: its devices and their health, as the pod status shows it (else as the
+    driver's claim condition does).
+
+    ``-o wide`` names the source of each health. Exits 3 when a pod listed has a device
+    that is Unhealthy or Unknown.
+    """
+    view = pods_view(access)
+    _print_pods(view, output, access)
+    if watch:
+
+        def again() -> tuple[Any, Callable[[], None]]:
+            v = pods_view(access)
+            return v.rows, lambda: _print_pods(v, output, access)
+
+        _watch(access, ["Pod", "ResourceClaim"], view.rows, again)
+        return
+    if view.bad_in_use:
+        sys.exit(EXIT_BAD_DEVICES_IN_USE)
+
+
+# --- -w: print again on change --------------------------------------------------------
+
+
+def _watch(
+    access: Access,
+    kinds: list[str],
+    shown: Any,
+    again: Callable[[], tuple[Any, Callable[[], None]]],
+) -> None:
+    """Watch ``kinds`` (in the command's namespace scope where namespaced); after events,
+    list again and print when the listing (times aside) differs from the last one.
+
+    Ends with exit 0 on Ctrl-C or SIGTERM; a watch that breaks is opened again.
+    """
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        me = asyncio.current_task()
+        assert me is not None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, me.cancel)
+        changed = asyncio.Event()
+        client = access.async_client()
+        served = await asyncio.to_thread(_served_for_watch, access)
+        tasks = [
+            asyncio.create_task(_follow(client, served, kind, access.scope, changed))
+            for kind in kinds
         ]
-        extra = (
-            [_cell(r["phase"]), _cell(f"{r['claim']}/{r['request']}"), _cell(r["source"])]
-            if wide
-            else []
-        )
-        table.add_row(*cells, *extra)
-    _emit(rows, output, table)
+        last = shown
+        try:
+            while True:
+                await changed.wait()
+                await asyncio.sleep(COALESCE_SECONDS)
+                changed.clear()
+                key, show = await asyncio.to_thread(again)
+                if json_text(key, sort_keys=True, default=str) != json_text(
+                    last, sort_keys=True, default=str
+                ):
+                    last = key
+                    click.echo("")
+                    show()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await client.close()
+
+    with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
+        asyncio.run(main())
+
+
+def _served_for_watch(access: Access) -> ServedAPIs:
+    client = access.sync_client()
+    try:
+        with access.failures():
+            return _discover(client)
+    finally:
+        client.close()
+
+
+async def _follow(
+    client: Any, served: ServedAPIs, kind: str, scope: str | None, changed: asyncio.Event
+) -> None:
+    """Set ``changed`` on every event of ``kind``; reopen the watch when it ends or fails."""
+    from lightkube.resources.core_v1 import ConfigMap as CM
+    from lightkube.resources.core_v1 import Pod as P
+
+    resource: Any = {"Pod": P, "ConfigMap": CM}.get(kind) or served.resource(kind)
+    if resource is None:
+        return  # not served: nothing of it can change
+    namespaced = kind not in _CLUSTER_SCOPED
+    delay = 0.5
+    while True:
+        try:
+            kw = {"namespace": scope or "*"} if namespaced else {}
+            async for _event in client.watch(resource, **kw):
+                changed.set()
+                delay = 0.5
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a broken watch (reset, 410, forbidden): list again after a wait
+            changed.set()
+        await asyncio.sleep(delay)
+        delay = min(MAX_RETRY_SECONDS, delay * 2)
 
 
 @click.command("history")
-@_KUBECONFIG
+@api_options(namespaced=False)
 @click.argument("device", metavar="DRIVER/POOL/DEVICE")
-@click.option("--controller-namespace", default="default", show_default=True)
-@_OUTPUT
-@_api_errors
-def history_command(
-    kubeconfig: str | None, device: str, controller_namespace: str, output: str
-) -> None:
+@_CONTROLLER_NAMESPACE
+@OUTPUT
+def history_command(access: Access, device: str, controller_ns: str | None, output: Output) -> None:
     """What happened to one device: controller actions and Events, oldest first.
 
-    The controller's actions are shown in words (``needs a human``, ``repair (failed)``,
-    ``circuit breaker``...; ``-o json|yaml`` keeps the action as written in ``what``
-    and adds ``label``), and a ``now:`` line says what the controller holds of the
-    device today (needs a human, held, repair...), on stderr with ``-o json|yaml``.
+    A device is cluster-scoped: its Events are read in every namespace the reader may
+    list (else in the context's namespace, and a note says so). The controller's actions
+    are shown in words (``needs a human``, ``repair (failed)``, ``circuit breaker``...;
+    machine output keeps the action as written in ``what`` and adds ``label``), and a
+    ``now:`` line says what the controller holds of the device today (on stderr with
+    machine output). The controller's namespace is found from its ConfigMaps.
     """
     from drahealth.cli._remediation import history_line, read_remediation_state
     from drahealth.remedy import HISTORY_CONFIGMAP, STATE_CONFIGMAP, RuleError, parse_device
@@ -396,140 +568,82 @@ def history_command(
         key = str(parse_device(device))
     except RuleError as exc:
         raise click.BadParameter(str(exc), param_hint="DEVICE") from exc
-    client = _client(kubeconfig)
+    client = access.sync_client()
     rows: list[dict[str, Any]] = []
     unserved: set[str] = set()
     recorded = None
+    notes: list[str] = []
     try:
-        served = _discover(client)
-        state = read_remediation_state(client, controller_namespace, _note)
-        if not served.served("DeviceTaintRule"):
-            unserved.add("DeviceTaintRule")
-        try:
-            cm = client.get(ConfigMap, HISTORY_CONFIGMAP, namespace=controller_namespace)
-            recorded = controller_mode(cm.to_dict())
+        with access.failures():
+            served = _discover(client)
+            ctl_ns = controller_namespace(client, controller_ns, access, notes.append)
+            state = read_remediation_state(client, ctl_ns, notes.append)
+            if not served.served("DeviceTaintRule"):
+                unserved.add("DeviceTaintRule")
             try:
-                entries = json.loads((cm.data or {}).get("history", "[]"))
-            except ValueError as exc:
-                _warn(f"{HISTORY_CONFIGMAP}: history is not JSON ({exc}); skipped")
-                entries = []
-            for h in entries if isinstance(entries, list) else []:
-                if not isinstance(h, dict):
-                    continue
-                if mentions_device(str(h.get("subject", "")), key) or mentions_device(
-                    str(h.get("message", "")), key
-                ):
-                    action = str(h.get("action", ""))
+                cm = client.get(ConfigMap, HISTORY_CONFIGMAP, namespace=ctl_ns)
+                recorded = controller_mode(cm.to_dict())
+                try:
+                    entries = json.loads((cm.data or {}).get("history", "[]"))
+                except ValueError as exc:
+                    _warn(f"{HISTORY_CONFIGMAP}: history is not JSON ({exc}); skipped")
+                    entries = []
+                for h in entries if isinstance(entries, list) else []:
+                    if not isinstance(h, dict):
+                        continue
+                    if mentions_device(str(h.get("subject", "")), key) or mentions_device(
+                        str(h.get("message", "")), key
+                    ):
+                        action = str(h.get("action", ""))
+                        rows.append(
+                            {
+                                "time": _stamp(h.get("time")),
+                                "source": f"controller {h.get('by', '')}",
+                                "what": action,
+                                "label": history_label(action),
+                                "message": h.get("message", ""),
+                            }
+                        )
+            except ApiError as exc:
+                if exc.status.code != 404:
+                    raise
+            for e in _list(client, Event, None):
+                if mentions_device(str(e.get("message", "")), key):
+                    obj = e.get("involvedObject") or {}
+                    component = (e.get("source") or {}).get("component", "")
                     rows.append(
                         {
-                            "time": h.get("time", ""),
-                            "source": f"controller {h.get('by', '')}",
-                            "what": action,
-                            "label": history_label(action),
-                            "message": h.get("message", ""),
+                            "time": _stamp(
+                                e.get("lastTimestamp")
+                                or e.get("eventTime")
+                                or e.get("firstTimestamp")
+                            ),
+                            "source": f"{component} on {obj.get('kind', '')}/{obj.get('name', '')}",
+                            "what": e.get("reason", ""),
+                            "label": e.get("reason", ""),
+                            "message": e.get("message", ""),
                         }
                     )
-        except ApiError as exc:
-            if exc.status.code != 404:
-                raise
-        for e in _list(client, Event, None):
-            if mentions_device(str(e.get("message", "")), key):
-                obj = e.get("involvedObject") or {}
-                component = (e.get("source") or {}).get("component", "")
-                rows.append(
-                    {
-                        "time": e.get("lastTimestamp") or e.get("firstTimestamp") or "",
-                        "source": f"{component} on {obj.get('kind', '')}/{obj.get('name', '')}",
-                        "what": e.get("reason", ""),
-                        "label": e.get("reason", ""),
-                        "message": e.get("message", ""),
-                    }
-                )
     finally:
         client.close()
+    machine = output.machine
+    for n in notes:
+        _note(n)
     _notes(unserved, served, recorded.mode if recorded is not None else None)
-    rows.sort(key=lambda r: str(r["time"]))
-    table = Table(box=None, header_style="bold")
-    for col in ("TIME", "SOURCE", "WHAT", "MESSAGE"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(*(_cell(r[k]) for k in ("time", "source", "label", "message")))
-    _emit(rows, output, table)
-    if not rows:
-        click.echo(f"no history for {printable(key)}", err=True)
-    for note in state.notes:
-        _note(f"configmap {controller_namespace}/{STATE_CONFIGMAP}: {note}")
-    now_line = history_line(state, key, time.time())
+    rows.sort(key=lambda r: parse_time(r["time"]) or 0.0)
+    now = time.time()
+
+    def table(rs: list[dict[str, Any]], wide: bool) -> tuple[list[str], list[list[str]]]:
+        headers = ["LAST SEEN", "SOURCE", "WHAT", "MESSAGE"] + ["TIME"] * wide
+        cells = []
+        for r in rs:
+            line = [_age(r["time"], now), r["source"], r["label"], r["message"] or "<none>"]
+            cells.append(line + ([r["time"] or "<unknown>"] if wide else []))
+        return headers, cells
+
+    emit(rows, output, table=table, empty=f"No history found for {printable(key)}.")
+    for n in state.notes:
+        _note(f"configmap {ctl_ns}/{STATE_CONFIGMAP}: {n}")
+    now_line = history_line(state, key, now)
     if now_line is not None:
-        click.echo(printable(now_line), err=output in ("json", "yaml"))
-
-
-@click.command("watch")
-@click.argument("socket", metavar="SOCKET", type=click.Path(dir_okay=False))
-@click.option("--once", is_flag=True, help="Print the first message and exit.")
-@click.option(
-    "-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True
-)
-def watch_command(socket: str, once: bool, output: str) -> None:
-    """Live view of any DRA driver's health stream (the DRA socket, e.g. .../dra.sock)."""
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_watch(socket, once, output))
-
-
-async def _watch(socket: str, once: bool, output: str) -> None:
-    import grpc
-
-    from drahealth import api
-    from drahealth.core import Health
-
-    async with grpc.aio.insecure_channel(f"unix:{socket}") as channel:
-        for service, module, grpc_module in (
-            (api.DRA_HEALTH_V1, api.health_v1, api.health_v1_grpc),
-            (api.DRA_HEALTH_V1ALPHA1, api.health_v1alpha1, api.health_v1alpha1_grpc),
-        ):
-            stub = grpc_module.DRAResourceHealthStub(channel)
-            call = stub.NodeWatchResources(module.NodeWatchResourcesRequest())
-            try:
-                async for message in call:
-                    rows = [
-                        {
-                            "pool": d.device.pool_name,
-                            "device": d.device.device_name,
-                            "health": Health.from_wire(d.health).value,
-                            "message": d.message,
-                            "timeoutSeconds": d.health_check_timeout_seconds,
-                        }
-                        for d in message.devices
-                    ]
-                    stamp = time.strftime("%H:%M:%S")
-                    if output == "json":
-                        click.echo(json_text({"time": stamp, "service": service, "devices": rows}))
-                    else:
-                        table = Table(
-                            title=f"{stamp} {service}: {len(rows)} devices",
-                            box=None,
-                            header_style="bold",
-                        )
-                        for col in ("POOL", "DEVICE", "HEALTH", "TIMEOUT", "MESSAGE"):
-                            table.add_column(col)
-                        for r in rows:
-                            colour = {"Unhealthy": "red", "Unknown": "yellow"}.get(
-                                r["health"], "green"
-                            )
-                            table.add_row(
-                                _cell(r["pool"]),
-                                _cell(r["device"]),
-                                _cell(r["health"], colour),
-                                _cell(r["timeoutSeconds"]),
-                                _cell(r["message"]),
-                            )
-                        Console(highlight=False).print(table)
-                    if once:
-                        call.cancel()
-                        return
-                return
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    continue
-                raise click.ClickException(f"{socket}: {exc.code().name}: {exc.details()}") from exc
-        raise click.ClickException(f"{socket}: the plugin serves no dra-health service")
+        click.echo(printable(now_line), err=machine)

@@ -19,6 +19,7 @@ from ._client import (
     load_config,
     make_client,
     make_sync_client,
+    merge_kubeconfigs,
 )
 from ._discovery import (
     DRA_GROUP,
@@ -88,6 +89,7 @@ __all__ = [
     "make_client",
     "make_event",
     "make_sync_client",
+    "merge_kubeconfigs",
     "object_key",
     "parse_discovery",
     "patch_status",

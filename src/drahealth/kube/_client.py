@@ -33,6 +33,7 @@ __all__ = [
     "load_config",
     "make_client",
     "make_sync_client",
+    "merge_kubeconfigs",
 ]
 
 #: Default per-request timeout in seconds (connect/read/write/pool). Watches have no
@@ -163,7 +164,8 @@ def _single_from_doc(
     return SingleConfig(context_name=chosen, context=ctx, cluster=cluster, user=user, fname=fname)
 
 
-def _load_file(path: Path, *, context: str | None) -> SingleConfig:
+def _read_doc(path: Path) -> Any:
+    """The parsed YAML of the kubeconfig file ``path`` (errors name the file)."""
     where = f"kubeconfig {path}"
     try:
         text = path.expanduser().read_text(encoding="utf-8")
@@ -174,11 +176,80 @@ def _load_file(path: Path, *, context: str | None) -> SingleConfig:
     except (OSError, UnicodeDecodeError) as exc:
         raise KubeConfigError(f"{where}: cannot read: {exc}") from exc
     try:
-        doc = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         detail = str(exc).replace("\n", " ")
         raise KubeConfigError(f"{where}: invalid YAML: {detail}") from exc
-    return _single_from_doc(doc, where, context=context, fname=path.expanduser().absolute())
+
+
+def _load_file(path: Path, *, context: str | None) -> SingleConfig:
+    doc = _read_doc(path)
+    return _single_from_doc(
+        doc, f"kubeconfig {path}", context=context, fname=path.expanduser().absolute()
+    )
+
+
+#: Fields of kubeconfig entries that name files, relative to the file that names them.
+_FILE_FIELDS = {
+    "clusters": ("cluster", ("certificate-authority",)),
+    "users": ("user", ("client-certificate", "client-key", "tokenFile")),
+}
+
+
+def _absolute_files(section: str, entry: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    """``entry`` with its relative file names made absolute against ``base``."""
+    key, fields = _FILE_FIELDS.get(section, ("", ()))
+    body = entry.get(key)
+    if not fields or not isinstance(body, Mapping):
+        return dict(entry)
+    body = dict(body)
+    for field in fields:
+        value = body.get(field)
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            body[field] = str(base / value)
+    return {**entry, key: body}
+
+
+def merge_kubeconfigs(paths: list[Path]) -> dict[str, Any]:
+    """The kubeconfig files ``paths`` merged as kubectl merges ``$KUBECONFIG``.
+
+    Files that do not exist are skipped; each one that exists must be valid. Entries
+    (clusters, contexts, users) are merged by name and the first file to define a name
+    wins; ``current-context`` comes from the first file that sets it. File names inside
+    an entry are made absolute against the file that holds it, so they keep meaning the
+    same file after the merge.
+
+    Raises:
+        KubeConfigError: none of the files exists, or one of them is malformed.
+    """
+    merged: dict[str, Any] = {"clusters": [], "contexts": [], "users": []}
+    seen: dict[str, set[str]] = {section: set() for section in merged}
+    found = False
+    for path in paths:
+        if not path.expanduser().exists():
+            continue
+        found = True
+        where = f"kubeconfig {path}"
+        doc = _read_doc(path)
+        if doc is None:
+            continue  # an empty file adds nothing (as kubectl treats it)
+        if not isinstance(doc, Mapping):
+            raise KubeConfigError(
+                f"{where}: expected a kubeconfig mapping, got {type(doc).__name__}"
+            )
+        base = path.expanduser().absolute().parent
+        for section, key in (("clusters", "cluster"), ("contexts", "context"), ("users", "user")):
+            _check_section(where, doc, section, key)
+            for entry in doc.get(section) or []:
+                if entry["name"] not in seen[section]:
+                    seen[section].add(entry["name"])
+                    merged[section].append(_absolute_files(section, entry, base))
+        if "current-context" not in merged and doc.get("current-context"):
+            merged["current-context"] = doc["current-context"]
+    if not found:
+        listed = os.pathsep.join(str(p) for p in paths)
+        raise KubeConfigError(f"$KUBECONFIG={listed}: none of the listed files exist")
+    return merged
 
 
 def _load_service_account(sa_dir: Path, environ: Mapping[str, str]) -> SingleConfig:
@@ -224,7 +295,8 @@ def load_config(
     """Resolve the client configuration.
 
     Order: ``server_url`` (embedded server; token user) → ``kubeconfig`` path →
-    ``$KUBECONFIG`` (first existing entry of a ``:``-separated list) → in-cluster
+    ``$KUBECONFIG`` (a ``:``-separated list, merged as kubectl merges it: see
+    :func:`merge_kubeconfigs`) → in-cluster
     service account (token file present and ``KUBERNETES_SERVICE_HOST`` set) →
     ``default_kubeconfig`` (``~/.kube/config``). An explicitly named source that is
     broken is an error; it never silently falls through to the next one.
@@ -242,12 +314,18 @@ def load_config(
         return _single_from_doc(doc, f"server URL {server_url}", context=None, fname=None)
     if kubeconfig is not None:
         return _load_file(Path(kubeconfig), context=context)
-    env_paths = [p for p in env.get("KUBECONFIG", "").split(os.pathsep) if p]
+    env_paths = [Path(p) for p in env.get("KUBECONFIG", "").split(os.pathsep) if p]
+    if len(env_paths) == 1 and env_paths[0].expanduser().exists():
+        return _load_file(env_paths[0], context=context)
     if env_paths:
-        for p in env_paths:
-            if Path(p).expanduser().exists():
-                return _load_file(Path(p), context=context)
-        raise KubeConfigError(f"$KUBECONFIG={env['KUBECONFIG']}: none of the listed files exist")
+        doc = merge_kubeconfigs(env_paths)
+        first = next(p for p in env_paths if p.expanduser().exists())
+        return _single_from_doc(
+            doc,
+            f"$KUBECONFIG={env['KUBECONFIG']}",
+            context=context,
+            fname=first.expanduser().absolute(),
+        )
     if (service_account_dir / "token").is_file() and env.get("KUBERNETES_SERVICE_HOST"):
         if context is not None:
             raise KubeConfigError(

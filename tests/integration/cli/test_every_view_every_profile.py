@@ -45,7 +45,7 @@ async def test_every_command_on_the_release(version: str, tmp_path: Path) -> Non
             "doctor": ("doctor", *k, "--component", "controller"),
             "taint": (
                 "taint", *k, "gpu.example.com/node-1/gpu-0",
-                "--key", "example.com/maintenance", "--effect", "NoSchedule",
+                "--key", "example.com/maintenance", "--effect", "NoSchedule", "--force",
             ),
         }  # fmt: skip
         results: dict[str, subprocess.CompletedProcess[str]] = dict(

@@ -1,4 +1,4 @@
-"""``drahealth status / pods / history / watch`` as subprocesses against a known scenario.
+"""``drahealth status / pods / history / stream`` as subprocesses against a known scenario.
 
 The scenario, written straight into the embedded API server: node-1 with gpu-0..gpu-3;
 the agent's record says gpu-1 Unhealthy ("XID 79") and gpu-2 Unknown; gpu-3 is Healthy
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import time
@@ -22,7 +23,7 @@ from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceClaim, Reso
 from lightkube.types import PatchType
 
 from drahealth.controlplane import APIServer
-from drahealth.core import Health
+from drahealth.core import Health, parse_time
 from drahealth.driver._hub import DeviceReport, HealthHub
 from drahealth.remedy._rules import DeviceRef, rule_body
 from tests.integration.kube.conftest import api_server_options, client
@@ -183,24 +184,32 @@ async def kubeconfig(server: APIServer, client: AsyncClient, tmp_path: Path) -> 
 
 
 async def test_status_json_lists_bad_and_tainted_devices_and_exits_3(kubeconfig: str) -> None:
-    out = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig, "-o", "json")
+    out = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig, "-o", "json", "-A")
     assert out.returncode == 3, out.stderr
     rows = json.loads(out.stdout)
     brief = [
-        (r["device"], r["health"], r["message"], r["age"], [c["pod"] for c in r["consumers"]])
-        for r in rows
+        (r["device"], r["health"], r["message"], [c["pod"] for c in r["consumers"]]) for r in rows
     ]
     assert brief == [
-        (f"{D}/{NODE}/gpu-1", "Unhealthy", "XID 79", "2m", ["train"]),
-        (f"{D}/{NODE}/gpu-2", "Unknown", "", "1m", []),
-        (f"{D}/{NODE}/gpu-3", "Healthy", "", "2h", []),
+        (f"{D}/{NODE}/gpu-1", "Unhealthy", "XID 79", ["train"]),
+        (f"{D}/{NODE}/gpu-2", "Unknown", "", []),
+        (f"{D}/{NODE}/gpu-3", "Healthy", "", []),
     ]
+    # machine output: RFC 3339 times, no ages
+    assert all("age" not in r for r in rows)
+    since = [parse_time(r["since"]) for r in rows]
+    assert [round(time.time() - s) // 60 for s in since if s is not None] == [2, 1, 120]
+    assert all(r["since"].endswith("Z") for r in rows)
     (taint,) = rows[2]["taints"]
     assert (taint["key"], taint["effect"]) == ("ops.example.com/rma", "NoSchedule")
     assert taint["source"].startswith("devicetaintrule/dh-gpu-3-node-1-")
     assert all(r["node"] == NODE for r in rows)
-    table = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig, "-o", "wide")
+    table = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig, "-o", "wide", "-A")
     assert "XID 79" in table.stdout and "ml/train (claim train-gpu)" in table.stdout
+    # kubectl ages in tables (2m05s and more: 2m5s .. 2m9s), no leading spaces
+    lines = table.stdout.splitlines()
+    assert lines[2].startswith("NODE ") and all(not line.startswith(" ") for line in lines)
+    assert re.search(r"gpu-1 +Unhealthy +2m\d+s ", table.stdout), table.stdout
     yml = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig, "-o", "yaml")
     assert "device: gpu.example.com/node-1/gpu-1" in yml.stdout
 
@@ -209,20 +218,23 @@ async def test_status_exits_0_when_no_bad_device_is_in_use(
     kubeconfig: str, client: AsyncClient
 ) -> None:
     await client.delete(Pod, "train", namespace="ml")
-    out = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig, "-o", "json")
+    out = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig, "-o", "json", "-A")
     assert out.returncode == 0, out.stderr
     assert [r["consumers"] for r in json.loads(out.stdout)] == [[], [], []]
 
 
 async def test_pods_shows_each_pods_devices(kubeconfig: str) -> None:
     out = await asyncio.to_thread(run, "pods", "--kubeconfig", kubeconfig, "-o", "json", "-n", "ml")
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 3, out.stderr  # ml/train's device is Unhealthy
     assert [(r["pod"], r["device"], r["health"], r["message"]) for r in json.loads(out.stdout)] == [
         ("infer", f"{D}/{NODE}/gpu-0", "Healthy", ""),
         ("train", f"{D}/{NODE}/gpu-1", "Unhealthy", "XID 79"),
     ]
-    table = await asyncio.to_thread(run, "pods", "--kubeconfig", kubeconfig)
+    table = await asyncio.to_thread(run, "pods", "--kubeconfig", kubeconfig, "-A")
     assert "train" in table.stdout and "Unhealthy" in table.stdout
+    default = await asyncio.to_thread(run, "pods", "--kubeconfig", kubeconfig)
+    assert default.returncode == 0 and default.stdout == ""
+    assert default.stderr.strip() == "No pods using DRA devices found in default namespace."
 
 
 async def test_history_merges_controller_actions_and_events(
@@ -281,7 +293,7 @@ async def test_watch_prints_a_drivers_health_stream(tmp_path: Path) -> None:
     server.add_insecure_port(f"unix://{sock}")
     await server.start()
     try:
-        out = await asyncio.to_thread(run, "watch", sock, "--once", "-o", "json")
+        out = await asyncio.to_thread(run, "stream", sock, "--once", "-o", "json")
         assert out.returncode == 0, out.stderr
         message = json.loads(out.stdout)
         assert message["service"] == "v1.DRAResourceHealth"
@@ -289,9 +301,13 @@ async def test_watch_prints_a_drivers_health_stream(tmp_path: Path) -> None:
             ("gpu-0", "Unknown", ""),
             ("gpu-1", "Unhealthy", "XID 79"),
         ]
-        table = await asyncio.to_thread(run, "watch", sock, "--once")
+        table = await asyncio.to_thread(run, "stream", sock, "--once")
         assert "gpu-1" in table.stdout and "Unhealthy" in table.stdout
+        old = await asyncio.to_thread(run, "watch", sock, "--once")
+        assert old.returncode == 0 and "gpu-1" in old.stdout
+        assert "'drahealth watch' is deprecated; use 'drahealth stream'" in old.stderr
     finally:
         await server.stop(0)
-    gone = await asyncio.to_thread(run, "watch", sock, "--once")
+    gone = await asyncio.to_thread(run, "stream", sock, "--once")
     assert gone.returncode == 1 and "UNAVAILABLE" in gone.stderr
+    assert len(gone.stderr.strip().splitlines()) == 1 and "Traceback" not in gone.stderr

@@ -45,7 +45,7 @@ async def test_status_without_the_rule_api_says_so_and_shows_the_rest(
     narrow: Narrowing, tmp_path: Path
 ) -> None:
     kubeconfig = narrow.kubeconfig(tmp_path / "kubeconfig")
-    out = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig)
+    out = await asyncio.to_thread(run, "status", "-A", "--kubeconfig", kubeconfig)
     assert out.returncode == 0, out.stderr
     assert "Traceback" not in out.stderr, out.stderr
     assert NOT_SERVED in out.stderr and "remediation uses node taints" in out.stderr
@@ -55,7 +55,7 @@ async def test_status_without_the_rule_api_says_so_and_shows_the_rest(
     )
     assert "gpu-1" in out.stdout and "XID 79" in out.stdout  # health still shown
     # the operator's rule on gpu-3 is invisible: the server does not serve rules
-    js = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig, "-o", "json")
+    js = await asyncio.to_thread(run, "status", "-A", "--kubeconfig", kubeconfig, "-o", "json")
     assert js.returncode == 0, js.stderr
     rows = json.loads(js.stdout)
     assert [r["device"].rpartition("/")[2] for r in rows] == ["gpu-1", "gpu-2"]
@@ -75,7 +75,7 @@ async def test_status_header_shows_the_mode_the_controller_recorded(
         )
     )
     kubeconfig = narrow.kubeconfig(tmp_path / "kubeconfig")
-    out = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig)
+    out = await asyncio.to_thread(run, "status", "-A", "--kubeconfig", kubeconfig)
     assert out.returncode == 0, out.stderr
     assert "remediation mode: cordon (chosen: cordon), as the controller recorded" in out.stdout
     assert "remediation cordons nodes" in out.stderr
@@ -94,7 +94,7 @@ async def test_pods_on_a_server_without_resource_claims(
     await proxy.start()
     try:
         kubeconfig = proxy.kubeconfig(tmp_path / "kubeconfig")
-        out = await asyncio.to_thread(run, "pods", "--kubeconfig", kubeconfig, "-o", "json")
+        out = await asyncio.to_thread(run, "pods", "-A", "--kubeconfig", kubeconfig, "-o", "json")
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout) == []  # pods without claims have no device rows
         assert "ResourceClaims: not served by this server (Kubernetes 1.36" in out.stderr
@@ -121,7 +121,7 @@ async def test_status_when_discovery_fails_warns_and_still_shows_devices(
     await proxy.start()
     try:
         kubeconfig = proxy.kubeconfig(tmp_path / "kubeconfig")
-        out = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig)
+        out = await asyncio.to_thread(run, "status", "-A", "--kubeconfig", kubeconfig)
         assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
         assert "GET /apis/resource.k8s.io: HTTP 500; assuming resource.k8s.io/v1" in out.stderr
         assert "DeviceTaintRules: not served" in out.stderr, out.stderr
@@ -141,7 +141,7 @@ async def test_taint_without_the_rule_api_is_one_line_naming_what_to_do(tmp_path
         args = ("--kubeconfig", kubeconfig, f"{D}/{NODE}/gpu-1", "--key", "example.com/rma")
         out = await asyncio.to_thread(run, "taint", *args, "--effect", "NoSchedule")
         untaint = await asyncio.to_thread(run, "untaint", *args)
-        status = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig)
+        status = await asyncio.to_thread(run, "status", "-A", "--kubeconfig", kubeconfig)
     finally:
         await server.stop()
     for result in (out, untaint):
@@ -160,8 +160,11 @@ async def test_taint_writes_at_the_served_beta_version(tmp_path: Path) -> None:
     try:
         kubeconfig = str(server.write_kubeconfig(tmp_path / "kubeconfig"))
         args = ("--kubeconfig", kubeconfig, f"{D}/{NODE}/gpu-1", "--key", "example.com/rma")
-        out = await asyncio.to_thread(run, "taint", *args, "--effect", "NoSchedule")
-        status = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig, "-o", "json")
+        # no slice publishes gpu-1 here: --force taints it anyway
+        out = await asyncio.to_thread(run, "taint", *args, "--effect", "NoSchedule", "--force")
+        status = await asyncio.to_thread(
+            run, "status", "-A", "--kubeconfig", kubeconfig, "-o", "json"
+        )
         untaint = await asyncio.to_thread(run, "untaint", *args)
     finally:
         await server.stop()

@@ -85,7 +85,7 @@ async def test_status_shows_the_remediation_block_and_markers(
     kubeconfig: str, client: AsyncClient
 ) -> None:
     await write_state(client, {k: json.dumps(v) for k, v in STATE.items()})
-    table = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig)
+    table = await asyncio.to_thread(run, "status", "-A", "--kubeconfig", kubeconfig)
     assert table.returncode == 3, table.stderr
     lines = [line.strip() for line in table.stdout.splitlines()]
     block = lines[lines.index("Remediation:") :]
@@ -114,11 +114,11 @@ async def test_status_shows_the_remediation_block_and_markers(
     # the marker column: gpu-0 is Healthy and untainted but held, so it gets a row
     header = next(line for line in lines if line.startswith("NODE")).split()
     assert header[-1] == "REMEDIATION"
-    (gpu1,) = [line for line in lines if line.startswith(f"{NODE}  {GPU[1]}")]
+    (gpu1,) = [line for line in lines if line.startswith(f"{NODE}   {GPU[1]}")]
     assert gpu1.endswith("NEEDS-HUMAN,REPAIRING")
-    assert any(line.startswith(f"{NODE}  {GPU[0]}") and line.endswith("HELD") for line in lines)
+    assert any(line.startswith(f"{NODE}   {GPU[0]}") and line.endswith("HELD") for line in lines)
 
-    js = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig, "-o", "json")
+    js = await asyncio.to_thread(run, "status", "-A", "--kubeconfig", kubeconfig, "-o", "json")
     assert js.returncode == 3, js.stderr
     assert row_markers(js.stdout) == {
         GPU[0]: ["HELD"],
@@ -135,12 +135,12 @@ async def test_status_shows_the_remediation_block_and_markers(
 async def test_no_state_configmap_shows_nothing_and_a_closed_breaker_says_so(
     kubeconfig: str, client: AsyncClient
 ) -> None:
-    out = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig)
+    out = await asyncio.to_thread(run, "status", "-A", "--kubeconfig", kubeconfig)
     assert out.returncode == 3, out.stderr
     assert "Remediation:" not in out.stdout and "REMEDIATION" not in out.stdout
     assert "circuit breaker" not in out.stdout + out.stderr
     await write_state(client, {"breaker": json.dumps({"tripped": [], "held": []})})
-    closed = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig)
+    closed = await asyncio.to_thread(run, "status", "-A", "--kubeconfig", kubeconfig)
     assert closed.stdout.splitlines()[-2:] == ["Remediation:", "  circuit breaker: closed"]
     assert "REMEDIATION" not in closed.stdout  # no device marked: no column
 
@@ -161,7 +161,7 @@ async def test_hostile_state_is_skipped_with_notes_and_output_stays_bounded(
             "burnIn": "[" + " " * 300 * 1024 + "]",
         },
     )
-    out = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig)
+    out = await asyncio.to_thread(run, "status", "-A", "--kubeconfig", kubeconfig)
     assert out.returncode == 3, out.stderr  # the view still works, exit code unchanged
     notes = [line for line in out.stderr.splitlines() if "drahealth-remediation-state" in line]
     assert notes[0].startswith(
@@ -182,7 +182,7 @@ async def test_hostile_state_is_skipped_with_notes_and_output_stays_bounded(
     assert max(len(line) for line in out.stdout.splitlines()) < 1000
     assert "\x1b" not in out.stdout and "\x07" not in out.stdout
     # unknown devices (x-0...) are in the block, not the device table
-    assert not any(line.startswith(f"{NODE}  {D}/{NODE}/x-") for line in out.stdout.splitlines())
+    assert not any(line.startswith(f"{NODE}   {D}/{NODE}/x-") for line in out.stdout.splitlines())
 
 
 async def test_history_shows_the_new_actions_in_words_and_the_devices_state(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from lightkube.resources.resource_v1 import DeviceTaintRule
+from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceSlice
 
 from drahealth.kube import make_sync_client
 from drahealth.remedy._rules import DeviceRef, rule_body
@@ -35,10 +35,32 @@ def kubeconfig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     try:
         assert proc.stdout is not None and "listening on" in proc.stdout.readline()
+        publish(str(path))
         yield str(path)
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def publish(kubeconfig: str) -> None:
+    """node-1's slice with gpu-0..gpu-3 (taint refuses a device no slice publishes)."""
+    client = make_sync_client(kubeconfig)
+    try:
+        client.create(
+            ResourceSlice.from_dict(
+                {
+                    "metadata": {"name": "node-1-gpu"},
+                    "spec": {
+                        "driver": "gpu.example.com",
+                        "nodeName": "node-1",
+                        "pool": {"name": "node-1", "generation": 1, "resourceSliceCount": 1},
+                        "devices": [{"name": f"gpu-{i}"} for i in range(4)],
+                    },
+                }
+            )
+        )
+    finally:
+        client.close()
 
 
 def rules(kubeconfig: str) -> dict[str, dict[str, object]]:
@@ -91,6 +113,9 @@ def test_untaint_removes_drahealth_rules_only(kubeconfig: str) -> None:
     out = run("untaint", "--kubeconfig", kubeconfig, dev, "--key", "drahealth.io/unhealthy")
     assert out.returncode == 0, out.stderr
     assert out.stdout == f"devicetaintrule/{ours['metadata']['name']} deleted\n"
+    # the controller made it: untaint says what the controller does next
+    assert "remediation controller made" in out.stderr
+    assert "ownership.manualUntaintHold" in out.stderr
     assert "someone-elses" in rules(kubeconfig)
     again = run("untaint", "--kubeconfig", kubeconfig, dev, "--key", "drahealth.io/unhealthy")
     assert again.returncode == 1
@@ -129,4 +154,4 @@ def test_usage_errors_exit_2_and_name_the_input(
 def test_missing_kubeconfig_file_is_a_usage_error(tmp_path: Path) -> None:
     missing = str(tmp_path / "nope")
     out = run("untaint", "--kubeconfig", missing, DEV, "--key", "k")
-    assert out.returncode == 2 and f"{missing}: no such file" in out.stderr
+    assert out.returncode == 2 and f"{missing}: file not found" in out.stderr

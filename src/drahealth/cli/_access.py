@@ -1,0 +1,225 @@
+"""How every command that talks to the API finds its cluster and namespace, as kubectl does.
+
+Owns the shared click options (``--kubeconfig``, ``--context``, ``-n/--namespace``,
+``-A/--all-namespaces``) and :class:`Access`, the one resolution of them:
+
+* the kubeconfig: ``--kubeconfig``, else ``$KUBECONFIG`` (a ``:``-separated list, merged
+  as kubectl merges it), else the pod's service account, else ``~/.kube/config``
+  (:func:`drahealth.kube.load_config`);
+* the context: ``--context``, else the kubeconfig's ``current-context``;
+* the namespace: ``-A`` means every namespace; else ``-n NS``; else the context's
+  namespace; else ``default``.
+
+:func:`controller_namespace` finds where the remediation controller keeps its
+ConfigMaps, so ``history``, ``status``, ``clear``, ``resume`` and ``untaint`` need no
+flag for it. Failures become one ``error:`` line (see :mod:`drahealth._api_failures`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import IO, Any, TypeVar
+
+import click
+from lightkube import ApiError, AsyncClient, Client, SingleConfig
+from lightkube.resources.core_v1 import ConfigMap
+
+from drahealth._api_failures import api_failures, load_checked
+from drahealth._text import printable
+from drahealth.kube import KubeConfigError, make_client, make_sync_client
+
+__all__ = [
+    "Access",
+    "ConfigUsageError",
+    "api_options",
+    "controller_namespace",
+    "find_controller_namespaces",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class Access:
+    """The cluster and namespace a command was asked to use (see the module docstring)."""
+
+    kubeconfig: str | None = None
+    context: str | None = None
+    namespace: str | None = None
+    all_namespaces: bool = False
+    _config: SingleConfig | None = field(default=None, repr=False)
+
+    def config(self) -> SingleConfig:
+        """The resolved kubeconfig entry, its files checked (errors as one line)."""
+        if self._config is None:
+            with self.failures():
+                self._config = load_checked(self.kubeconfig, self.context)
+        return self._config
+
+    @property
+    def scope(self) -> str | None:
+        """The namespace to list in; None means every namespace (``-A``)."""
+        if self.all_namespaces:
+            return None
+        return self.namespace or self.default_namespace
+
+    @property
+    def default_namespace(self) -> str:
+        """``-n``, else the context's namespace, else ``default``."""
+        return self.namespace or self.config().namespace
+
+    def where(self) -> str:
+        """``in NS namespace`` or ``in any namespace``, for "No resources found" lines."""
+        scope = self.scope
+        return "in any namespace" if scope is None else f"in {scope} namespace"
+
+    def sync_client(self, field_manager: str = "drahealth") -> Client:
+        config = self.config()
+        with self.failures():
+            return make_sync_client(
+                self.kubeconfig,
+                context=config.context_name,
+                namespace=self.default_namespace,
+                field_manager=field_manager,
+            )
+
+    def async_client(self, field_manager: str = "drahealth") -> AsyncClient:
+        config = self.config()
+        with self.failures():
+            return make_client(
+                self.kubeconfig,
+                context=config.context_name,
+                namespace=self.default_namespace,
+                field_manager=field_manager,
+            )
+
+    @contextlib.contextmanager
+    def failures(self, what: str = "") -> Iterator[None]:
+        """API and transport failures inside the block as one ``error:`` line (exit 1); a
+        kubeconfig that cannot be used (missing, malformed, no such context) as one
+        ``error:`` line with exit code 2, as a usage error."""
+        try:
+            with api_failures(self.kubeconfig, what, context=self.context):
+                yield
+        except click.BadParameter as exc:
+            if not isinstance(exc.__cause__, KubeConfigError):
+                raise
+            raise ConfigUsageError(f"{exc.__cause__} ({_CHECK_CONFIG})") from exc
+
+
+_CHECK_CONFIG = "check --kubeconfig, $KUBECONFIG and --context"
+
+
+class ConfigUsageError(click.UsageError):
+    """A kubeconfig that cannot be used: ``error: <message>`` on one line, exit code 2."""
+
+    exit_code = 2
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"error: {printable(self.format_message())}", err=file is None, file=file)
+
+
+_KUBECONFIG_HELP = "Kubeconfig file [default: $KUBECONFIG, else ~/.kube/config, as kubectl]."
+
+
+def api_options(namespaced: bool | str = True) -> Callable[[F], F]:
+    """``--kubeconfig``, ``--context`` and (``namespaced``) ``-n``/``-A``, passed on as one
+    :class:`Access` in the keyword ``access``.
+
+    ``namespaced`` may be a string: the help of ``-n`` (for commands whose namespace is
+    the controller's, not the pods'). ``False`` leaves ``-n``/``-A`` out (cluster-scoped
+    commands say so in their help).
+    """
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(
+            *args: Any,
+            kubeconfig: str | None,
+            context: str | None,
+            namespace: str | None = None,
+            all_namespaces: bool = False,
+            **kw: Any,
+        ) -> Any:
+            access = Access(kubeconfig, context, namespace or None, all_namespaces)
+            return fn(*args, access=access, **kw)
+
+        options = [
+            click.option("--kubeconfig", metavar="FILE", default=None, help=_KUBECONFIG_HELP),
+            click.option(
+                "--context", metavar="NAME", default=None, help="Kubeconfig context to use."
+            ),
+        ]
+        if namespaced:
+            ns_help = (
+                namespaced
+                if isinstance(namespaced, str)
+                else "Namespace to list [default: the context's namespace, else default]."
+            )
+            options.append(click.option("-n", "--namespace", metavar="NS", help=ns_help))
+            if namespaced is True:
+                options.append(
+                    click.option(
+                        "-A",
+                        "--all-namespaces",
+                        is_flag=True,
+                        help="List across every namespace (-n is then ignored).",
+                    )
+                )
+        decorated: Any = wrapper
+        for option in reversed(options):
+            decorated = option(decorated)
+        return decorated  # type: ignore[no-any-return]
+
+    return decorate
+
+
+def find_controller_namespaces(client: Client) -> list[str] | None:
+    """Namespaces holding the remediation controller's state or history ConfigMap
+    (sorted); None when this reader may not list ConfigMaps across namespaces."""
+    from drahealth.remedy import HISTORY_CONFIGMAP, STATE_CONFIGMAP
+
+    found: set[str] = set()
+    for name in (STATE_CONFIGMAP, HISTORY_CONFIGMAP):
+        try:
+            for cm in client.list(ConfigMap, namespace="*", fields={"metadata.name": name}):
+                if cm.metadata is not None and cm.metadata.name == name:
+                    found.add(str(cm.metadata.namespace))
+        except ApiError as exc:
+            if exc.status.code in (401, 403):
+                return None
+            raise
+    return sorted(found)
+
+
+def controller_namespace(
+    client: Client, explicit: str | None, access: Access, note: Callable[[str], None]
+) -> str:
+    """Where the remediation controller keeps its ConfigMaps.
+
+    ``explicit`` (a flag) wins; else the one namespace holding them; else (none, several,
+    or no right to look) the context's namespace, and ``note`` says why.
+    """
+    if explicit:
+        return explicit
+    fallback = access.config().namespace
+    found = find_controller_namespaces(client)
+    if found is None:
+        note(
+            "cannot list ConfigMaps in every namespace to find the remediation controller; "
+            f"using {fallback} (give --controller-namespace)"
+        )
+        return fallback
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        return fallback
+    chosen = fallback if fallback in found else found[0]
+    note(
+        f"remediation controllers found in {', '.join(found)}; using {chosen} "
+        "(give --controller-namespace)"
+    )
+    return chosen
