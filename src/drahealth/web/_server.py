@@ -62,13 +62,17 @@ from drahealth._text import json_text
 from drahealth.core import (
     DEFAULT_NAMESPACE,
     LABELS,
+    ClusterModel,
+    DeviceKey,
+    Observation,
     RemediationState,
     agent_records,
+    decode_devices,
     history_label,
     mentions_device,
     parse_state_data,
 )
-from drahealth.kube import DiscoveryError, Reflector, ServedAPIs, discover, to_internal
+from drahealth.kube import DiscoveryError, Reflector, ServedAPIs, as_dict, discover, to_internal
 from drahealth.remedy import (
     HISTORY_CONFIGMAP,
     STATE_CONFIGMAP,
@@ -78,7 +82,7 @@ from drahealth.remedy import (
     parse_device,
     remove_taints,
 )
-from drahealth.web._state import snapshot
+from drahealth.web._state import PodFacts, fleet_state, pod_facts, slice_devices
 from drahealth.web._timeline import Timeline
 
 __all__ = ["Dashboard"]
@@ -101,6 +105,10 @@ MAX_DEVICE_PARAM = 761
 _DRA_REFLECTORS = {"claims": "ResourceClaim", "slices": "ResourceSlice", "rules": "DeviceTaintRule"}
 #: Reflectors the first snapshot does not wait for (the page works without them).
 _OPTIONAL = frozenset({"nodes", "remediation", "blocked"})
+#: Reflector name -> the kind its events feed into the model.
+_MODEL_KINDS = {
+    "pods": "Pod", "claims": "ResourceClaim", "slices": "ResourceSlice", "rules": "DeviceTaintRule",
+}  # fmt: skip
 
 
 class Dashboard:
@@ -162,6 +170,13 @@ class Dashboard:
         #: The state ConfigMap's resourceVersion and its reading (parsed once per change).
         self._remedy_state: tuple[str, RemediationState] | None = None
         self._dirty = asyncio.Event()
+        #: What the watches said, kept up to date event by event (no rebuild per change):
+        #: claims, pods, slices and rules in the core's model; each slice's devices; each
+        #: pod's eviction facts; each agent record decoded once per resourceVersion.
+        self.model = ClusterModel()
+        self._slice_devices: dict[str, list[tuple[str, DeviceKey]]] = {}
+        self._pod_facts: PodFacts = {}
+        self._records: dict[str, tuple[str, dict[DeviceKey, Observation] | None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -186,7 +201,9 @@ class Dashboard:
                 log.warning("dashboard: %s", self.unavailable[-1])
                 continue
             self.reflectors[key] = Reflector(self.client, resource, name=f"web-{key}")
-        for r in self.reflectors.values():
+        for key, r in self.reflectors.items():
+            if key in _MODEL_KINDS:
+                r.add_handler(self._feed(key))
             r.add_handler(lambda *_a: self._dirty.set())
             await r.start()
         for key, r in self.reflectors.items():
@@ -236,19 +253,53 @@ class Dashboard:
             self._warned.add(message)
             log.warning("dashboard: %s", message)
 
+    def _feed(self, key: str) -> Callable[[str, Any, Any], None]:
+        """The handler that keeps the model (and the parts beside it) up to date."""
+        kind = _MODEL_KINDS[key]
+
+        def on_event(event_type: str, obj: Any, _old: Any) -> None:
+            raw = as_dict(obj)
+            raw = raw if kind == "Pod" else to_internal(raw)
+            self.model.apply(kind, event_type, raw)
+            if kind == "ResourceSlice":
+                name, devices = slice_devices(raw)
+                self._slice_devices.pop(name, None)
+                if event_type != "DELETED":
+                    self._slice_devices[name] = devices
+            elif kind == "Pod":
+                ident, facts = pod_facts(raw)
+                self._pod_facts.pop(ident, None)
+                if event_type != "DELETED":
+                    self._pod_facts[ident] = facts
+
+        return on_event
+
+    def _agent_records(self) -> list[dict[DeviceKey, Observation]]:
+        """The agents' records, read and decoded once per resourceVersion, in name order."""
+        decoded: dict[str, tuple[str, dict[DeviceKey, Observation] | None]] = {}
+        for obj in self.reflectors["health"].store.list():
+            meta = obj.metadata
+            name = f"{meta.namespace}/{meta.name}" if meta is not None else ""
+            version = (meta.resourceVersion if meta is not None else None) or ""
+            old = self._records.get(name)
+            if old is not None and version and old[0] == version:
+                decoded[name] = old
+                continue
+            cm = as_dict(obj)
+            ours = agent_records([cm], self.agent_namespace)
+            decoded[name] = (version, decode_devices(cm) if ours else None)
+        self._records = decoded
+        return [rec for _, rec in (decoded[n] for n in sorted(decoded)) if rec is not None]
+
     def _refresh(self) -> None:
         r = self.reflectors
-
-        def dicts(key: str) -> list[dict[str, Any]]:
-            return [to_internal(o) for o in r[key].store.dicts()] if key in r else []
-
         now = time.time()
-        state = snapshot(
-            agent_records(r["health"].store.dicts(), self.agent_namespace),
-            r["pods"].store.dicts(),
-            dicts("claims"),
-            dicts("slices"),
-            dicts("rules"),
+        devices_ = [d for name in sorted(self._slice_devices) for d in self._slice_devices[name]]
+        state = fleet_state(
+            self.model,
+            devices_,
+            self._agent_records(),
+            self._pod_facts,
             warn=self._warn,
             node_objects=r["nodes"].store.dicts(),
             remediation=self._remediation(),

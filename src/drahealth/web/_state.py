@@ -19,21 +19,30 @@ small whatever the fleet's size), and per device, that device's entries and mark
 (``NEEDS-HUMAN``, ``PAUSED``, ``HELD``, ``REPAIRING``, ``REPAIR-FAILED``, ``DEGRADED``,
 ``BURN-IN``; ``{}`` when none applies). Devices the state names that no slice or record
 knows are counted, not drawn.
+
+:func:`fleet_state` builds the same from parts a long-running reader keeps up to date
+(the core's :class:`~drahealth.core.ClusterModel` fed by watches, each record decoded
+once, each slice's devices, each pod's eviction facts), so a change costs no rebuild of
+the model; :func:`snapshot` builds those parts from lists and calls it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from drahealth.core import DeviceKey, RemediationState
-from drahealth.remedy import consumers, device_taints, observations
+from drahealth.core import ClusterModel, DeviceKey, Observation, RemediationState, decode_devices
+from drahealth.remedy import device_taints
 
-__all__ = ["snapshot"]
+__all__ = ["PodFacts", "fleet_state", "pod_facts", "slice_devices", "snapshot"]
 
 JSON = dict[str, Any]
+#: (namespace, name) -> (uid, being evicted) of a pod.
+PodFacts = dict[tuple[str, str], tuple[str, bool]]
+#: The models' kinds, in the order :func:`snapshot` feeds them.
+_KINDS = ("ResourceClaim", "Pod", "ResourceSlice", "DeviceTaintRule")
 
 
 def snapshot(
@@ -49,31 +58,92 @@ def snapshot(
     blocked_events: list[JSON] | None = None,
 ) -> JSON:
     """The page's state; ``now`` (unix time) decides which operator holds have expired."""
+    model = ClusterModel()
+    for kind, objs in zip(_KINDS, (claims, pods, slices, rules), strict=True):
+        for obj in objs:
+            model.apply(kind, "ADDED", obj)
+    facts: PodFacts = {}
+    for pod in pods:
+        ident, fact = pod_facts(pod)
+        facts[ident] = fact
+    return fleet_state(
+        model,
+        [d for s in slices for d in slice_devices(s)[1]],
+        [decode_devices(cm) for cm in configmaps],
+        facts,
+        warn=warn,
+        node_objects=node_objects,
+        remediation=remediation,
+        now=now,
+        blocked_events=blocked_events,
+    )
+
+
+def slice_devices(s: Mapping[str, Any]) -> tuple[str, list[tuple[str, DeviceKey]]]:
+    """A ResourceSlice's name and its devices, each with its node ("(no node)" if none)."""
+    spec = s.get("spec") or {}
+    driver, pool = spec.get("driver", ""), (spec.get("pool") or {}).get("name", "")
+    node = spec.get("nodeName") or "(no node)"
+    name = str((s.get("metadata") or {}).get("name", ""))
+    return name, [
+        (node, DeviceKey(driver, pool, d.get("name", ""))) for d in spec.get("devices") or []
+    ]
+
+
+def pod_facts(pod: Mapping[str, Any]) -> tuple[tuple[str, str], tuple[str, bool]]:
+    """A pod's (namespace, name) and (uid, being evicted): it is terminating or carries the
+    ``DisruptionTarget`` condition an eviction sets."""
+    meta = pod.get("metadata") or {}
+    ident = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    leaving = bool(meta.get("deletionTimestamp")) or any(
+        isinstance(c, dict) and (c.get("type"), c.get("status")) == ("DisruptionTarget", "True")
+        for c in conditions
+    )
+    return ident, (str(meta.get("uid", "")), leaving)
+
+
+def fleet_state(
+    model: ClusterModel,
+    devices: Iterable[tuple[str, DeviceKey]],
+    records: Iterable[Mapping[DeviceKey, Observation]],
+    pods: PodFacts,
+    *,
+    warn: Callable[[str], None] | None = None,
+    node_objects: list[JSON] | None = None,
+    remediation: RemediationState | None = None,
+    now: float = 0.0,
+    blocked_events: list[JSON] | None = None,
+) -> JSON:
+    """The page's state from a model of claims, pods, slices and rules, the slices'
+    ``(node, device)`` pairs, the agents' decoded records (later ones win) and the pods'
+    :func:`pod_facts`."""
     state = remediation if remediation is not None else RemediationState()
-    seen = observations(configmaps, pods, claims)
+    seen = model.observations()  # pods' statuses; the agents' records win
+    for record in records:
+        seen.update(record)
     for key, obs in list(seen.items()):
         if obs.since is not None and not math.isfinite(obs.since):
             if warn is not None:
                 warn(f"device {key}: ignoring its health record's since={obs.since!r} (not finite)")
             seen[key] = replace(obs, since=None)
-    taints = device_taints(rules, slices, node_objects or ())
-    users = consumers(pods, claims)
+    taints = {key: [t.as_dict() for t in ts] for key, ts in model.all_taints().items()}
+    for key, more in device_taints((), (), node_objects or ()).items():  # node-level modes
+        taints.setdefault(key, []).extend(more)
+    users = model.all_consumers()
     leaving = _leaving(pods, blocked_events or ())
+    named = state.devices()
     nodes: dict[str, list[JSON]] = {}
     known: set[DeviceKey] = set()
-    for s in slices:
-        spec = s.get("spec") or {}
-        driver, pool = spec.get("driver", ""), (spec.get("pool") or {}).get("name", "")
-        for d in spec.get("devices") or []:
-            key = DeviceKey(driver, pool, d.get("name", ""))
-            known.add(key)
-            nodes.setdefault(spec.get("nodeName") or "(no node)", []).append(
-                _device(key, seen, taints, users, leaving, state, now)
-            )
+    for node, key in devices:
+        known.add(key)
+        nodes.setdefault(node, []).append(
+            _device(key, seen, taints, users, leaving, state, now, named)
+        )
     for key, obs in seen.items():  # reported by an agent but not (yet) in a slice
         if key not in known:
             nodes.setdefault(obs.node or "(no node)", []).append(
-                _device(key, seen, taints, users, leaving, state, now)
+                _device(key, seen, taints, users, leaving, state, now, named)
             )
     return {
         "remediation": state.summary(),
@@ -95,49 +165,45 @@ def _device(
     leaving: dict[tuple[str, str], str | None],
     state: RemediationState,
     now: float,
+    named: set[str],
 ) -> JSON:
     obs = seen.get(key)
-    pods = sorted(users.get(key, []))
-    tainted = bool(taints.get(key))
-    evicting, blocked = [], []
+    pods = users.get(key, ())
+    pods = sorted(pods) if len(pods) > 1 else pods
+    mine = taints.get(key, [])
+    evicting, blocked, names = [], [], []
     for c in pods:
         name = f"{c.namespace}/{c.name}"
+        names.append(name)
         why = leaving.get((c.namespace, c.name), "")
         if why is None:
             evicting.append(name)
-        elif why and tainted:
+        elif why and mine:
             blocked.append({"pod": name, "message": why})
+    text = str(key)
     return {
-        "key": str(key),
+        "key": text,
         "driver": key.driver,
         "pool": key.pool,
         "device": key.device,
         "health": obs.health.value if obs else "Unknown",
         "message": obs.message if obs else "",
         "since": obs.since if obs else None,
-        "taints": taints.get(key, []),
-        "pods": [f"{c.namespace}/{c.name}" for c in pods],
+        "taints": mine,
+        "pods": names,
         "evicting": evicting,
         "blocked": blocked,
-        "remediation": state.device_state(str(key), now),
+        "remediation": state.device_state(text, now) if text in named else {},
     }
 
 
-def _leaving(pods: list[JSON], events: Any) -> dict[tuple[str, str], str | None]:
+def _leaving(pods: PodFacts, events: Iterable[JSON]) -> dict[tuple[str, str], str | None]:
     """(namespace, name) -> None for a pod being evicted, or the newest refusal's message
     for a running pod whose eviction a PodDisruptionBudget blocked."""
-    out: dict[tuple[str, str], str | None] = {}
-    uids: dict[tuple[str, str], str] = {}
-    for p in pods:
-        meta = p.get("metadata") or {}
-        ident = (str(meta.get("namespace", "")), str(meta.get("name", "")))
-        uids[ident] = str(meta.get("uid", ""))
-        conditions = (p.get("status") or {}).get("conditions") or []
-        if meta.get("deletionTimestamp") or any(
-            isinstance(c, dict) and (c.get("type"), c.get("status")) == ("DisruptionTarget", "True")
-            for c in conditions
-        ):
-            out[ident] = None
+    out: dict[tuple[str, str], str | None] = {
+        ident: None for ident, (_uid, leaving) in pods.items() if leaving
+    }
+    uids = {ident: uid for ident, (uid, _leaving) in pods.items()}
     newest: dict[tuple[str, str], tuple[str, str]] = {}
     for e in events:
         obj = e.get("involvedObject") or {}
