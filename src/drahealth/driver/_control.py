@@ -80,6 +80,7 @@ __all__ = [
     "control_socket_path",
     "handle_line",
     "handle_request",
+    "validate_actions",
 ]
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,21 @@ class ControlAction(Protocol):
 
 #: The name the simulated driver first gave :class:`ControlAction`.
 ProfileAction = ControlAction
+
+
+def validate_actions(actions: Mapping[str, ControlAction]) -> None:
+    """Refuse driver actions that could not be served: a name that is not a non-empty
+    string or that is a built-in action, or an object without a frozenset ``fields``
+    that cannot be called (``ValueError`` / ``TypeError`` naming the action)."""
+    for name, action in actions.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"control action name {name!r} is not a non-empty string")
+        if name in _BUILTIN_ACTIONS:
+            raise ValueError(f"control action {name!r} is a built-in action")
+        if not callable(action) or not isinstance(getattr(action, "fields", None), frozenset):
+            raise TypeError(
+                f"control action {name!r} must be callable and have a frozenset 'fields'"
+            )
 
 
 # --------------------------------------------------------------------------- protocol
@@ -244,6 +260,7 @@ class ControlServer:
     def __init__(
         self, hub: HealthHub, path: str, actions: Mapping[str, ControlAction] | None = None
     ) -> None:
+        validate_actions(actions or {})
         self.hub = hub
         self.path = os.path.abspath(path)
         self.actions = dict(actions or {})

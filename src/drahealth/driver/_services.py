@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 from drahealth._metrics_http import MetricsServer
 from drahealth.core import Health
 from drahealth.driver._claim_status import ClaimStatusWriter
-from drahealth.driver._control import ControlServer
-from drahealth.driver._control_client import CONTROL_ACTIONS, control_socket_path
+from drahealth.driver._control import ControlServer, validate_actions
+from drahealth.driver._control_client import control_socket_path
 from drahealth.driver._hub import DeviceReport, HealthHub
 from drahealth.driver._metrics import DriverMetrics
 from drahealth.driver._publisher import ResourceSlicePublisher
@@ -149,15 +149,7 @@ class DriverServices:
             raise TypeError(
                 f"taint_policy must be a TaintPolicy, got {type(options.taint_policy).__name__}"
             )
-        for name, action in options.control_actions.items():
-            if not isinstance(name, str) or not name:
-                raise ValueError(f"control_actions: action name {name!r} is not a string")
-            if name in CONTROL_ACTIONS and name != "xid":
-                raise ValueError(f"control_actions: {name!r} is a built-in action")
-            if not callable(action) or not isinstance(getattr(action, "fields", None), frozenset):
-                raise TypeError(
-                    f"control_actions[{name!r}] must be callable with a frozenset 'fields'"
-                )
+        validate_actions(options.control_actions)
         self.resources = as_resources(resources, options.node_name)
         self.metrics = _metrics(options)
         self.options = dataclasses.replace(

@@ -373,7 +373,7 @@ class PluginOptions:
     from :func:`start`, every other ``drahealth_driver_*`` family (a new one when
     ``None``; see ``handle.metrics``).
 
-    What :func:`start` runs beside the sockets (docs/driver.md, "What start() runs"):
+    What :func:`start` runs beside the sockets (docs/driver.md, "PluginOptions"):
 
     ``serve_health``: advertise and serve the hub's dra-health services on the DRA
     socket (``True``); ``False`` keeps the hub for the control socket, taints and

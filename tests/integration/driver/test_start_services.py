@@ -351,8 +351,13 @@ async def test_control_socket_off_and_no_hub(base: str) -> None:
         ),
         ({"taint_policy": "NoExecute"}, None, TypeError, "taint_policy must be a TaintPolicy"),
         ({"control_actions": {"healthy": object()}}, None, ValueError, "built-in action"),
-        ({"control_actions": {"boom": object()}}, None, TypeError, "frozenset 'fields'"),
-        ({"control_actions": {"": object()}}, None, ValueError, "is not a string"),
+        (
+            {"control_actions": {"boom": object()}},
+            None,
+            TypeError,
+            "have a frozenset 'fields'",
+        ),
+        ({"control_actions": {"": object()}}, None, ValueError, "is not a non-empty string"),
     ],
 )
 async def test_bad_resources_and_options_fail_before_any_socket(
