@@ -141,6 +141,12 @@ async def test_a_degraded_device_is_shown_never_tainted(client: AsyncClient) -> 
         assert await rules(client) == {}
 
 
+async def burn_in_entry(client: AsyncClient, device: str) -> Any:
+    """The device's entry of the burnIn state key, or None: the state is written at the end
+    of the pass that wrote the rule, so a reader waits for it."""
+    return ((await state(client, "burnIn")) or {}).get(f"{D}/{NODE}/{device}")
+
+
 def burn_in_policy(flag: Path) -> str:
     return (
         "burnIn:\n"
@@ -170,7 +176,9 @@ async def test_a_new_device_burns_in_until_its_validation_passes(
         )
         assert rule.metadata.annotations["drahealth.io/burn-in"] == "new device"
         assert "gpu-0" not in by_device(await rules(client))  # listed at start: not new
-        entry = (await state(client, "burnIn"))[f"{D}/{NODE}/gpu-1"]
+        entry = await eventually(
+            lambda: burn_in_entry(client, "gpu-1"), 5.0, "gpu-1 in the burnIn state key"
+        )
         assert (entry["why"], entry["node"]) == ("new device", NODE)
         await eventually(lambda: events(client, "DeviceBurnInStarted"), 5.0, "DeviceBurnInStarted")
         failed = await eventually(
@@ -207,7 +215,10 @@ async def test_a_restart_resumes_a_burn_in_and_burns_in_nothing_else(
             return by_device(await rules(client)).get("gpu-1")
 
         first = await eventually(burn_in_rule, 5.0, "gpu-1's burn-in rule")
-        since = (await state(client, "burnIn"))[f"{D}/{NODE}/gpu-1"]["since"]
+        entry = await eventually(
+            lambda: burn_in_entry(client, "gpu-1"), 5.0, "gpu-1 in the burnIn state key"
+        )
+        since = entry["since"]
     # the state key is gone too: the burn-in resumes from the controller's rule alone
     await client.delete(ConfigMap, "drahealth-remediation-state", namespace="default")
     async with running(client, p, identity="c2") as controller:
@@ -277,7 +288,11 @@ async def test_a_repaired_device_burns_in_before_it_takes_work_again(
         rule = by_device(await rules(client))["gpu-0"]
         assert rule.spec.taint.value == "repaired"
         assert rule.metadata.annotations["drahealth.io/burn-in"] == "after repair"
-        assert (await state(client, "burnIn"))[f"{D}/{NODE}/gpu-0"]["why"] == "after repair"
+
+        async def burn_in_why() -> Any:
+            return ((await burn_in_entry(client, "gpu-0")) or {}).get("why")
+
+        assert await eventually(burn_in_why, 5.0, "gpu-0 in the burnIn state") == "after repair"
         flag.touch()
 
         async def untainted() -> bool:
