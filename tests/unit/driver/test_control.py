@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 
 from drahealth.core import Health
-from drahealth.driver._hub import DeviceReport, HealthHub
 from drahealth.driver import (
     INJECT_SOURCE,
     ControlError,
@@ -25,6 +24,7 @@ from drahealth.driver import (
 )
 from drahealth.driver import control_request as request
 from drahealth.driver._control import MAX_LINE_BYTES, handle_line, handle_request
+from drahealth.driver._hub import DeviceReport, HealthHub
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -245,7 +245,10 @@ async def test_client_reports_driver_errors(server: ControlServer, hub: HealthHu
 
 async def test_client_without_driver(state_dir: str) -> None:
     path = control_socket_path(state_dir)
-    with pytest.raises(ControlError, match=r"no control socket at .*is the driver running with this state directory"):
+    with pytest.raises(
+        ControlError,
+        match=r"no control socket at .*is the driver running with this state directory",
+    ):
         await request(path, "silence")
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stale.bind(path)

@@ -13,8 +13,8 @@ import msgspec
 import pytest
 
 from drahealth.core import Health, normalize_key, normalize_pci_address
-from drahealth.driver._hub import DeviceReport, HealthHub
 from drahealth.driver._control import handle_line, handle_request
+from drahealth.driver._hub import DeviceReport, HealthHub
 from drahealth.simdriver import (
     DEFAULT_DRIVER_NAMES,
     NVIDIA_RELEASES,
