@@ -446,10 +446,9 @@ def emit(
             if n not in seen:
                 seen.add(n)
                 click.echo(n)
-    elif kind == "jsonpath":
-        click.echo(
-            jsonpath_template(output.spec, {"apiVersion": "v1", "kind": "List", "items": docs})
-        )
+    elif kind == "jsonpath":  # as kubectl: exactly the template, no newline added
+        data = {"apiVersion": "v1", "kind": "List", "items": docs}
+        click.echo(jsonpath_template(output.spec, data), nl=False)
     elif kind == "custom-columns":
         if not rows:
             click.echo(empty, err=True)

@@ -34,7 +34,7 @@ _OUTPUT = click.option(
 @_ONCE
 @_OUTPUT
 def stream_command(socket: str, once: bool, output: str) -> None:
-    """Live view of any DRA driver's health stream, read from its DRA socket (.../dra.sock)."""
+    """Live view of any DRA driver's health stream, read from its DRA socket (dra.sock)."""
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_stream(socket, once, output))
 
