@@ -6,11 +6,13 @@ Covers: the plane starts and stops the stand-ins with the server (and runs none 
 template hash, its status and conditions, ``scale``; a template change makes a new
 ReplicaSet and scales the old one to 0; ``revisionHistoryLimit`` drops drained old sets;
 deleting the Deployment removes its ReplicaSets and pods; malformed Deployments are
-refused with upstream's causes; the command's usage errors.
+refused with upstream's causes; the command's usage errors, and its temporary kubeconfig.
 """
 
 from __future__ import annotations
 
+import re
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -144,7 +146,7 @@ async def test_deployment_makes_a_replicaset_and_reports_status(
     assert code == 200 and scale["spec"]["replicas"] == 3
 
     async def three() -> bool:
-        return (await _sets(http))[name]["spec"]["replicas"] == 3
+        return bool((await _sets(http))[name]["spec"]["replicas"] == 3)
 
     await eventually(three, 10, "the ReplicaSet scaled with the Deployment")
 
@@ -240,3 +242,29 @@ def test_command_refuses_bad_options() -> None:
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert res.returncode == 2 and "--with-controllers" in res.stderr, res.stderr
+
+
+def test_command_writes_a_temporary_kubeconfig_and_removes_it(tmp_path: Path) -> None:
+    """Without ``--kubeconfig-out`` the command writes a kubeconfig of its own, says
+    where, and removes it when SIGTERM stops it (exit 0)."""
+    err = tmp_path / "stderr"
+    with open(err, "w") as sink:
+        proc = subprocess.Popen(
+            [str(BIN), "apiserver", "--with-controllers"],
+            stdout=subprocess.PIPE, stderr=sink, text=True,
+        )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("listening on http://127.0.0.1:"), line + err.read_text()
+        found = re.search(r"^kubeconfig: (\S+)$", err.read_text(), re.M)
+        assert found, err.read_text()
+        kubeconfig = Path(found.group(1))
+        text = kubeconfig.read_text()
+        assert line.split()[-1] in text and "current-context: drahealth" in text
+        assert "controllers: scheduler" in err.read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(30)
+    assert rc == 0, err.read_text()
+    assert not kubeconfig.exists() and not kubeconfig.parent.exists()
