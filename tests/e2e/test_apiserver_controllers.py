@@ -209,6 +209,21 @@ def test_every_example_applies_and_pods_get_devices(cluster: Cluster) -> None:
     assert re.fullmatch(r"trainer-[a-z0-9]{10}", rs["metadata"]["name"])
     table = cluster.kubectl("get", "deployment", "trainer")
     assert re.search(r"^trainer\s+2/2\s+2\s+2\s", table, re.M), table
+    # applying the same files again changes no spec (kubectl says "configured" for the
+    # claim and template, whose atomic request lists it patches, as on a real cluster;
+    # status writers may move resourceVersions meanwhile, generations stay)
+    files = [a for n in ORDER for a in ("-f", str(EXAMPLES / n))]
+
+    def versions() -> dict[str, int]:
+        return {
+            f"{o['kind']}/{o['metadata']['name']}": o["metadata"]["generation"]
+            for o in cluster.get(*files)["items"]
+        }
+
+    before = versions()
+    assert len(before) == len(ORDER)
+    cluster.kubectl("apply", *files)
+    assert versions() == before
 
 
 def test_deployment_template_change_and_delete(cluster: Cluster) -> None:
