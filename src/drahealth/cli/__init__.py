@@ -84,7 +84,13 @@ class LazyGroup(click.Group):
     help="Log level for the process.",
 )
 def main(log_level: str) -> None:
-    """Kubernetes DRA device health: driver toolkit, node agent, embedded control plane."""
+    """Kubernetes DRA device health: driver toolkit, node agent, embedded control plane.
+
+    Commands that use the API find it as kubectl does: --kubeconfig, else $KUBECONFIG,
+    else ~/.kube/config; --context; -n NS / -A. Exit codes: 0 ok, 1 error, 2 usage
+    error, 3 a pod uses a bad device (status, pods). Shell completion: eval
+    "$(_DRAHEALTH_COMPLETE=bash_source drahealth)". See docs/cli.md.
+    """
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import click
@@ -32,6 +34,8 @@ from drahealth._text import printable
 from drahealth.kube import KubeConfigError, make_client, make_sync_client
 
 __all__ = [
+    "CONTEXT_OPTION",
+    "KUBECONFIG_OPTION",
     "Access",
     "ConfigUsageError",
     "api_options",
@@ -122,7 +126,36 @@ class ConfigUsageError(click.UsageError):
         click.echo(f"error: {printable(self.format_message())}", err=file is None, file=file)
 
 
-_KUBECONFIG_HELP = "Kubeconfig file [default: $KUBECONFIG, else ~/.kube/config, as kubectl]."
+def _complete_contexts(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
+    """Shell completion of ``--context``: the contexts of the kubeconfig in use."""
+    from drahealth.kube import DEFAULT_KUBECONFIG, merge_kubeconfigs
+
+    given = ctx.params.get("kubeconfig")
+    env = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    paths = [Path(given)] if given else [Path(p) for p in env] or [DEFAULT_KUBECONFIG]
+    try:
+        doc = merge_kubeconfigs([p.expanduser() for p in paths])
+    except Exception:  # completion never fails loudly
+        return []
+    names = [str(c.get("name")) for c in doc.get("contexts") or []]
+    return [n for n in names if n.startswith(incomplete)]
+
+
+#: ``--kubeconfig FILE`` (also used alone by commands with their own namespace flag).
+KUBECONFIG_OPTION = click.option(
+    "--kubeconfig",
+    metavar="FILE",
+    default=None,
+    help="Kubeconfig file [default: $KUBECONFIG, else ~/.kube/config, as kubectl].",
+)
+#: ``--context NAME`` (completes the kubeconfig's contexts).
+CONTEXT_OPTION = click.option(
+    "--context",
+    metavar="NAME",
+    default=None,
+    shell_complete=_complete_contexts,
+    help="Kubeconfig context to use [default: its current-context].",
+)
 
 
 def api_options(namespaced: bool | str = True) -> Callable[[F], F]:
@@ -147,12 +180,7 @@ def api_options(namespaced: bool | str = True) -> Callable[[F], F]:
             access = Access(kubeconfig, context, namespace or None, all_namespaces)
             return fn(*args, access=access, **kw)
 
-        options = [
-            click.option("--kubeconfig", metavar="FILE", default=None, help=_KUBECONFIG_HELP),
-            click.option(
-                "--context", metavar="NAME", default=None, help="Kubeconfig context to use."
-            ),
-        ]
+        options = [KUBECONFIG_OPTION, CONTEXT_OPTION]
         if namespaced:
             ns_help = (
                 namespaced

@@ -36,6 +36,7 @@ import httpx2
 
 from drahealth._api_failures import explain, load_checked
 from drahealth._text import json_text, printable
+from drahealth.cli._access import CONTEXT_OPTION, KUBECONFIG_OPTION
 from drahealth.core import (
     DEFAULT_NAMESPACE,
     DRA_KINDS,
@@ -397,8 +398,7 @@ def diagnose(
     facts: dict[str, Any] = {"serverVersion": None, "apis": None, "mode": None}
     try:
         config = load_config(kubeconfig, context=context)
-        if context is None:
-            load_checked(kubeconfig)
+        load_checked(kubeconfig, context)
         server = config.cluster.server
         checks.append(Check("kubeconfig", "ok", f"server {server} (context {config.context_name})"))
     except KubeConfigError as exc:
@@ -476,8 +476,8 @@ def _text(checks: list[Check]) -> str:
 
 
 @click.command("doctor")
-@click.option("--kubeconfig", metavar="FILE", help="API access [default: as kubectl].")
-@click.option("--context", default=None, help="Kubeconfig context [default: current].")
+@KUBECONFIG_OPTION
+@CONTEXT_OPTION
 @click.option(
     "--component",
     type=click.Choice([*COMPONENTS, "all"]),
