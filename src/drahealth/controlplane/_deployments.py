@@ -58,11 +58,16 @@ def _controller_uid(obj: JSON) -> str | None:
     return None
 
 
+def _count(value: Any) -> int:
+    """A count from a status field: an int, or 0 for anything else."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def _drained(rs: JSON) -> bool:
     """Whether ``rs`` is scaled to 0 and its controller has seen that and has no pods left
     (the status of the current generation says 0 replicas)."""
     status = rs.get("status") or {}
-    seen = int(status.get("observedGeneration") or 0) >= int(rs["metadata"].get("generation", 1))
+    seen = _count(status.get("observedGeneration")) >= _count(rs["metadata"].get("generation"))
     return (
         int((rs.get("spec") or {}).get("replicas", 1)) == 0 and seen and not status.get("replicas")
     )
@@ -92,7 +97,7 @@ def deployment_status(deploy: JSON, new: JSON | None, owned: list[JSON]) -> JSON
     want = int(spec.get("replicas", 1))
 
     def total(field: str, sets: list[JSON]) -> int:
-        return sum(int((rs.get("status") or {}).get(field) or 0) for rs in sets)
+        return sum(_count((rs.get("status") or {}).get(field)) for rs in sets)
 
     available = total("availableReplicas", owned)
     updated = total("replicas", [new]) if new is not None else 0
