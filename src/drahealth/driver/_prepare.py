@@ -25,6 +25,12 @@ Rules, in order, for ``prepare``:
    are recorded ``PrepareStarted`` with their allocated devices.
 3. The driver prepares those claims in one call; then CDI specs are written and the
    claims recorded ``PrepareCompleted`` with their devices.
+
+Concurrent calls are batched: one task at a time takes every call queued for the lock
+as one batch (one driver call). Checkpoint changes go through a group commit
+(``_commit``): a batch's ``PrepareCompleted`` write is waited for after the lock is
+released, so the next batch's ``PrepareStarted`` shares that write; no claim is
+answered before a write holding its state has been fsynced.
 4. Every claim of the request is answered; request names are stripped of
    subrequests (``main/sub`` -> ``main``). ``PERMANENT_DEVICE`` errors call
    ``on_device_fault(pool, device, message)``.
@@ -266,9 +272,11 @@ class ClaimPreparer:
         #: prepares answered from the claim cache / by a GET (``claim_cache`` on)
         self.cache_hits = 0
         self.cache_misses = 0
-        # calls waiting for the serialization lock, taken along by whoever gets it
-        self._prepare_queue: list[tuple[Sequence[Any], asyncio.Future[dict[str, Any]]]] = []
-        self._unprepare_queue: list[tuple[Sequence[Any], asyncio.Future[dict[str, Any]]]] = []
+        # calls waiting for the serialization lock, run in batches
+        self._prepare_batches = _Batches(self._prepare_locked, self._serialized, options.serialize)
+        self._unprepare_batches = _Batches(
+            self._unprepare_locked, self._serialized, options.serialize
+        )
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -277,6 +285,11 @@ class ClaimPreparer:
     @property
     def cdi(self) -> CDISpecs | None:
         return self._cdi
+
+    @property
+    def checkpoint_writes(self) -> int:
+        """Checkpoint writes done by this process since start (one per group commit)."""
+        return self._commit.writes
 
     def prepared_claims(self) -> dict[str, ClaimEntry]:
         """A copy of the checkpointed claims as last read or written."""
@@ -304,18 +317,23 @@ class ClaimPreparer:
     async def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
         """Prepare ``refs``; one result per distinct claim UID, never raises for a claim."""
         unique = list({r.uid: r for r in refs}.values())
-        fetched = await asyncio.gather(*(self._fetch(r) for r in unique))
+        fetched: list[PreparedClaimRequest | ClaimError | None]
+        fetched = [self._from_cache(r) for r in unique]
+        if misses := [i for i, got in enumerate(fetched) if got is None]:
+            gets = await asyncio.gather(*(self._fetch(unique[i]) for i in misses))
+            for i, answer in zip(misses, gets, strict=True):
+                fetched[i] = answer
         out: dict[str, PrepareResult] = {}
         todo: list[PreparedClaimRequest] = []
         for ref, got in zip(unique, fetched, strict=True):
             if isinstance(got, ClaimError):
                 out[ref.uid] = PrepareResult(error=got)
-            elif not got.results:
+            elif got is not None and not got.results:
                 out[ref.uid] = PrepareResult.ok([])
-            else:
+            elif got is not None:
                 todo.append(got)
         if todo:
-            out.update(await self._batched(self._prepare_queue, todo, self._prepare_locked))
+            out.update(await self._prepare_batches.run(todo))
         for ref in unique:
             result = out[ref.uid]
             self._count("prepare", result.error)
@@ -324,14 +342,19 @@ class ClaimPreparer:
                 await self._maybe_device_fault(result.error)
         return out
 
+    def _from_cache(self, ref: ClaimRef) -> PreparedClaimRequest | None:
+        """The claim from the watch cache, without a suspension (``None``: GET it)."""
+        claim = self._cached(ref)
+        if claim is None:
+            return None
+        return PreparedClaimRequest(claim, resolve_results(claim, self._options.driver_name))
+
     async def _fetch(self, ref: ClaimRef) -> PreparedClaimRequest | ClaimError:
         where = f"ResourceClaim {ref.namespace}/{ref.name}"
         if self._client is None:
             return ClaimError(f"no Kubernetes API access configured; cannot fetch {where}")
-        claim = self._cached(ref)
         try:
-            if claim is None:
-                claim = await self._client.get(ResourceClaim, ref.name, namespace=ref.namespace)
+            claim = await self._client.get(ResourceClaim, ref.name, namespace=ref.namespace)
         except ApiError as exc:
             if exc.status.code == 404:
                 return ClaimError(f"{where} not found (uid {ref.uid})")
@@ -498,7 +521,7 @@ class ClaimPreparer:
         unique = list({r.uid: r for r in refs}.values())
         out: dict[str, ClaimError | None] = {}
         if unique:
-            out = await self._batched(self._unprepare_queue, unique, self._unprepare_locked)
+            out = await self._unprepare_batches.run(unique)
         for ref in unique:
             self._count("unprepare", out[ref.uid])
             err = out[ref.uid]
@@ -549,45 +572,6 @@ class ClaimPreparer:
         return out, await self._settle_after(forget, failed)
 
     # -- plumbing ----------------------------------------------------------
-
-    async def _batched(
-        self,
-        queue: list[tuple[Sequence[Any], asyncio.Future[dict[str, Any]]]],
-        items: Sequence[Any],
-        locked: Callable[[Sequence[Any]], Awaitable[tuple[dict[str, Any], Settle | None]]],
-    ) -> dict[str, Any]:
-        """Run ``locked`` for ``items`` under the serialization lock, batched: the
-        caller that gets the lock takes every call queued behind it along, so N
-        concurrent calls cost one driver call, not N in a row. The last checkpoint
-        write of a batch is waited for (``Settle``) after the lock is released, so
-        the next batch's first write shares it (see ``_commit``); nobody is answered
-        before it is durable."""
-        if not self._options.serialize:
-            results, settle = await locked(items)
-            if settle is not None:
-                await settle()
-            return results
-        done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        queue.append((items, done))
-        batch: list[tuple[Sequence[Any], asyncio.Future[dict[str, Any]]]] = []
-        try:
-            async with self._serialized():
-                if any(fut is done for _, fut in queue):  # not taken along by a leader
-                    batch = list(queue)
-                    queue.clear()
-                    merged = list({i.uid: i for items_, _ in batch for i in items_}.values())
-                    results, settle = await locked(merged)
-            if batch and settle is not None:
-                await settle()
-        except BaseException as exc:
-            for _, fut in batch:
-                if not fut.done():
-                    fut.set_exception(exc)
-            raise
-        for items_, fut in batch:
-            if not fut.done():
-                fut.set_result({i.uid: results[i.uid] for i in items_})
-        return await done
 
     @contextlib.asynccontextmanager
     async def _serialized(self) -> AsyncIterator[None]:
@@ -663,6 +647,100 @@ Settle = Callable[[], Awaitable[None]]
 
 async def _settled() -> None:
     return None
+
+
+class _Batches:
+    """Calls of one kind (prepare or unprepare) run in batches under the serialization
+    lock: one drain task at a time takes every call queued so far as one batch, so N
+    concurrent calls cost one driver call, not N in a row; the callers only wait for
+    their answer. A batch's last checkpoint write is waited for (its ``Settle``) after
+    the lock is released, in a task of its own, so the next batch starts at once and
+    its first write shares that one (see ``_commit``); nobody is answered before it is
+    durable. Without ``serialize`` every call runs on its own, concurrently."""
+
+    def __init__(
+        self,
+        locked: Callable[[Sequence[Any]], Awaitable[tuple[dict[str, Any], Settle | None]]],
+        serialized: Callable[[], contextlib.AbstractAsyncContextManager[None]],
+        serialize: bool,
+    ) -> None:
+        self._locked = locked
+        self._serialized = serialized
+        self._serialize = serialize
+        self._queue: list[tuple[Sequence[Any], asyncio.Future[dict[str, Any]]]] = []
+        self._drain: asyncio.Task[None] | None = None
+        self._answering: set[asyncio.Task[None]] = set()
+
+    async def run(self, items: Sequence[Any]) -> dict[str, Any]:
+        """The results for ``items`` (keyed by their ``uid``)."""
+        if not self._serialize:
+            results, settle = await self._locked(items)
+            if settle is not None:
+                await settle()
+            return results
+        done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._queue.append((items, done))
+        if self._drain is None:
+            self._drain = asyncio.create_task(self._run_batches(), name="claim-batches")
+        return await done
+
+    async def _run_batches(self) -> None:
+        try:
+            while self._queue:
+                async with self._serialized():
+                    batch, self._queue = self._queue, []
+                    merged = list({i.uid: i for items, _ in batch for i in items}.values())
+                    try:
+                        results, settle = await self._locked(merged)
+                    except Exception as exc:
+                        _fail(batch, exc)
+                        continue
+                if settle is None:
+                    _answer(batch, results)
+                    continue
+                task = asyncio.create_task(self._settle(batch, results, settle))
+                self._answering.add(task)
+                task.add_done_callback(self._answering.discard)
+        except BaseException as exc:  # cancelled with the loop: no caller may hang
+            _fail(self._queue, exc)
+            self._queue = []
+            raise
+        finally:
+            self._drain = None
+
+    @staticmethod
+    async def _settle(
+        batch: Sequence[tuple[Sequence[Any], asyncio.Future[dict[str, Any]]]],
+        results: dict[str, Any],
+        settle: Settle,
+    ) -> None:
+        try:
+            await settle()
+        except BaseException as exc:
+            _fail(batch, exc)
+            raise
+        _answer(batch, results)
+
+
+def _answer(
+    batch: Sequence[tuple[Sequence[Any], asyncio.Future[dict[str, Any]]]],
+    results: Mapping[str, Any],
+) -> None:
+    for items, fut in batch:
+        if not fut.done():
+            fut.set_result({i.uid: results[i.uid] for i in items})
+
+
+def _fail(
+    batch: Sequence[tuple[Sequence[Any], asyncio.Future[dict[str, Any]]]], exc: BaseException
+) -> None:
+    for _, fut in batch:
+        if fut.done():
+            continue
+        if isinstance(exc, Exception):
+            fut.set_exception(exc)
+        else:
+            fut.cancel()
 
 
 def _admin_access(results: Sequence[AllocationResult], device: PreparedDevice) -> bool:

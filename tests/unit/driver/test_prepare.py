@@ -603,5 +603,35 @@ async def test_batches_share_checkpoint_writes_and_answer_only_once_durable(
     assert states == [ClaimState.PREPARE_COMPLETED] * 3
     assert [len(c) for c in driver.prepare_calls] == [1, 2]
     # Started(u0); Completed(u0) with Started(u1, u2); Completed(u1, u2): 3 writes, not 4
-    assert p._commit.writes == 3
+    assert p.checkpoint_writes == 3
     assert _read_json(path)["claims"].keys() == {"u0", "u1", "u2"}
+
+
+async def test_a_cancelled_caller_does_not_cancel_its_batch(short_dir: str) -> None:
+    a = make_claim("ua", "a", results=[result("gpus", "gpu-0")])
+    b = make_claim("ub", "b", results=[result("gpus", "gpu-1")])
+    driver = FakeDriver()
+    driver.delay = 0.05
+    p = await loaded(driver, options(short_dir, FakeClient(a, b)))
+    first = asyncio.create_task(p.prepare([ref(a)]))
+    await driver.entered.wait()
+    gone = asyncio.create_task(p.prepare([ref(b)]))
+    for _ in range(50):  # its GET done, it waits in the queue for the next batch
+        await asyncio.sleep(0)
+    assert driver.active == 1 and not gone.done()
+    gone.cancel()
+    assert (await first)["ua"].error is None
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    # the batch of the cancelled call still runs: prepared, recorded, durable
+    states: dict[str, ClaimState] = {}
+    for _ in range(200):
+        states = {u: e.state for u, e in p.checkpoint.load().items()}
+        if states.get("ub") is ClaimState.PREPARE_COMPLETED:
+            break
+        await asyncio.sleep(0.02)
+    assert [[c.uid for c in call] for call in driver.prepare_calls] == [["ua"], ["ub"]]
+    assert states == {"ua": ClaimState.PREPARE_COMPLETED, "ub": ClaimState.PREPARE_COMPLETED}
+    # asked again, the claim is answered from the checkpoint without the driver
+    assert (await p.prepare([ref(b)]))["ub"].error is None
+    assert len(driver.prepare_calls) == 2
