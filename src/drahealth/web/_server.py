@@ -82,7 +82,16 @@ from drahealth.remedy import (
     parse_device,
     remove_taints,
 )
-from drahealth.web._state import PodFacts, fleet_state, pod_facts, slice_devices
+from drahealth.web._state import (
+    Context,
+    PodFacts,
+    device_entry,
+    finite,
+    fleet_context,
+    health,
+    pod_facts,
+    slice_devices,
+)
 from drahealth.web._timeline import Timeline
 
 __all__ = ["Dashboard"]
@@ -99,6 +108,8 @@ MAX_STREAMS = 256
 STREAM_QUEUE = 8
 #: Seconds one write to a stream may block before its client is disconnected.
 STREAM_WRITE_TIMEOUT = 10.0
+#: Seconds between full passes while only agents' records change (holds expire with time).
+FULL_EVERY = 30.0
 #: Characters a ``device`` query parameter may have (three names of at most 253, and two /).
 MAX_DEVICE_PARAM = 761
 #: Reflector name -> the DRA kind it follows (at the version the server serves).
@@ -154,8 +165,9 @@ class Dashboard:
                 client, Event, fields={"reason": "EvictionBlocked"}, name="web-blocked"
             ),
         }  # fmt: skip
-        self.state: dict[str, Any] = {"seq": 0, "nodes": [], "unavailable": [], "samples": []}
-        self._text: str | None = json.dumps(self.state)
+        #: The page-wide part of the state and its sequence number (devices: ``_devices``).
+        self.state: dict[str, Any] = {"seq": 0, "unavailable": []}
+        self._text: str | None = None
         #: Each device's last published state and node, by key (what deltas are cut from).
         self._devices: dict[str, tuple[str, dict[str, Any]]] = {}
         self._page: dict[str, Any] = {}
@@ -177,6 +189,11 @@ class Dashboard:
         self._slice_devices: dict[str, list[tuple[str, DeviceKey]]] = {}
         self._pod_facts: PodFacts = {}
         self._records: dict[str, tuple[str, dict[DeviceKey, Observation] | None]] = {}
+        #: Devices whose agent record changed since the last pass; whether anything else
+        #: changed (a full pass is due), when the last one ran, and what it built.
+        self._record_dirty: set[DeviceKey] = set()
+        self._full, self._full_at = True, 0.0
+        self._ctx: Context | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -204,6 +221,8 @@ class Dashboard:
         for key, r in self.reflectors.items():
             if key in _MODEL_KINDS:
                 r.add_handler(self._feed(key))
+            if key != "health":  # anything but a record may change many devices
+                r.add_handler(self._everything_changed)
             r.add_handler(lambda *_a: self._dirty.set())
             await r.start()
         for key, r in self.reflectors.items():
@@ -274,6 +293,9 @@ class Dashboard:
 
         return on_event
 
+    def _everything_changed(self, *_args: Any) -> None:
+        self._full = True
+
     def _agent_records(self) -> list[dict[DeviceKey, Observation]]:
         """The agents' records, read and decoded once per resourceVersion, in name order."""
         decoded: dict[str, tuple[str, dict[DeviceKey, Observation] | None]] = {}
@@ -288,29 +310,61 @@ class Dashboard:
             cm = as_dict(obj)
             ours = agent_records([cm], self.agent_namespace)
             decoded[name] = (version, decode_devices(cm) if ours else None)
+            before, after = (old[1] if old else None) or {}, decoded[name][1] or {}
+            self._record_dirty.update(k for k in before.keys() | after.keys()
+                                      if before.get(k) != after.get(k))  # fmt: skip
+        for name in self._records.keys() - decoded.keys():  # deleted records
+            self._record_dirty.update(self._records[name][1] or ())
         self._records = decoded
         return [rec for _, rec in (decoded[n] for n in sorted(decoded)) if rec is not None]
 
     def _refresh(self) -> None:
+        """Publish what changed since the last state: a full pass when anything but an
+        agent's record changed (or every :data:`FULL_EVERY` seconds, for holds that
+        expire), else only the devices whose record changed."""
         r = self.reflectors
         now = time.time()
-        devices_ = [d for name in sorted(self._slice_devices) for d in self._slice_devices[name]]
-        state = fleet_state(
-            self.model,
-            devices_,
-            self._agent_records(),
-            self._pod_facts,
-            warn=self._warn,
-            node_objects=r["nodes"].store.dicts(),
-            remediation=self._remediation(),
-            now=now,
-            blocked_events=r["blocked"].store.dicts(),
-        )
-        page = {"remediation": state["remediation"], "unavailable": list(self.unavailable)}
-        devices = {d["key"]: (n["name"], d) for n in state["nodes"] for d in n["devices"]}
+        records = self._agent_records()
+        self.model.take_changed()  # pods' statuses come with pod events: a full pass
+        devices: dict[str, tuple[str, dict[str, Any]]]
+        if self._full or self._ctx is None or now - self._full_at >= FULL_EVERY:
+            self._full, self._full_at, self._record_dirty = False, now, set()
+            ctx = fleet_context(
+                self.model, self._pod_facts, node_objects=r["nodes"].store.dicts(),
+                remediation=self._remediation(), now=now,
+                blocked_events=r["blocked"].store.dicts(),
+            )  # fmt: skip
+            seen = health(self.model, records, self._warn)
+            devices, known = {}, set()
+            for name in sorted(self._slice_devices):
+                for node, key in self._slice_devices[name]:
+                    known.add(key)
+                    devices[str(key)] = (node, device_entry(key, seen.get(key), ctx))
+            for key, obs in seen.items():  # reported by an agent but not (yet) in a slice
+                if key not in known:
+                    devices[str(key)] = (obs.node or "(no node)", device_entry(key, obs, ctx))
+            self._ctx, candidates = ctx, list(devices)
+        else:
+            dirty, self._record_dirty = self._record_dirty, set()
+            if not dirty:
+                return
+            if any(str(key) not in self._devices for key in dirty):
+                self._full = True  # a device no slice lists (yet): placed by a full pass
+                return self._refresh()
+            devices, ctx = dict(self._devices), self._ctx
+            for key in dirty:
+                found = next((rec[key] for rec in reversed(records) if key in rec), None)
+                found = found if found is not None else self.model.observation(key)
+                if found is None:  # nobody reports on it any more: a full pass decides
+                    self._full = True
+                    return self._refresh()
+                entry = device_entry(key, finite(key, found, self._warn), ctx)
+                devices[str(key)] = (devices[str(key)][0], entry)
+            candidates = [str(key) for key in dirty]
+        page = {"remediation": ctx.state.summary(), "unavailable": list(self.unavailable)}
         changed = [
-            {**d, "node": node} for key, (node, d) in devices.items()
-            if self._devices.get(key) != (node, d)
+            {**devices[key][1], "node": devices[key][0]} for key in candidates
+            if self._devices.get(key) != devices[key]
         ]  # fmt: skip
         removed = [key for key in self._devices if key not in devices]
         if not changed and not removed and page == self._page:
@@ -327,7 +381,7 @@ class Dashboard:
         if sample is not None:  # the new counts sample, and whether it replaces the last one
             extra = json_text({"sample": sample, "sampleReplaces": replaces}, separators=(",", ":"))
             text = text[:-1] + "," + extra[1:]
-        self.state = {"seq": delta["seq"], **state, **page}
+        self.state = {"seq": delta["seq"], **page}
         self._devices, self._page, self._text = devices, page, None
         for q, request in list(self._subscribers.items()):
             try:
@@ -338,8 +392,19 @@ class Dashboard:
     def state_text(self) -> str:
         """The whole state as JSON (built when first asked after a change)."""
         if self._text is None:
+            nodes: dict[str, list[dict[str, Any]]] = {}
+            for node, d in self._devices.values():
+                nodes.setdefault(node, []).append(d)
             samples = self.timeline.samples
-            state = {**self.state, "samples": list(samples), "maxSamples": samples.maxlen}
+            state: dict[str, Any] = {
+                **self.state,
+                "nodes": [
+                    {"name": name, "devices": sorted(ds, key=_device_order)}
+                    for name, ds in sorted(nodes.items())
+                ],
+                "samples": list(samples),
+                "maxSamples": samples.maxlen,
+            }
             self._text = json_text(state, separators=(",", ":"))
         return self._text
 
@@ -566,3 +631,7 @@ def _device_param(request: web.Request) -> str:
             text=json.dumps({"error": problem}), content_type="application/json"
         )
     return str(values[0])
+
+
+def _device_order(d: dict[str, Any]) -> tuple[str, str, str]:
+    return (d["driver"], d["pool"], d["device"])

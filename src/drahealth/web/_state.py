@@ -30,13 +30,31 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from drahealth.core import ClusterModel, DeviceKey, Observation, RemediationState, decode_devices
+from drahealth.core import (
+    ClusterModel,
+    Consumer,
+    DeviceKey,
+    Observation,
+    RemediationState,
+    decode_devices,
+)
 from drahealth.remedy import device_taints
 
-__all__ = ["PodFacts", "fleet_state", "pod_facts", "slice_devices", "snapshot"]
+__all__ = [
+    "Context",
+    "PodFacts",
+    "device_entry",
+    "finite",
+    "fleet_context",
+    "fleet_state",
+    "health",
+    "pod_facts",
+    "slice_devices",
+    "snapshot",
+]
 
 JSON = dict[str, Any]
 #: (namespace, name) -> (uid, being evicted) of a pod.
@@ -103,6 +121,63 @@ def pod_facts(pod: Mapping[str, Any]) -> tuple[tuple[str, str], tuple[str, bool]
     return ident, (str(meta.get("uid", "")), leaving)
 
 
+@dataclass(frozen=True)
+class Context:
+    """What a device's entry needs besides its own health: every device's taints and
+    pods, the pods leaving, the controller's state, the time. Built once per full pass
+    (:func:`fleet_context`); a change of health alone reuses it (:func:`device_entry`)."""
+
+    taints: dict[DeviceKey, list[JSON]]
+    users: dict[DeviceKey, list[Consumer]]
+    leaving: dict[tuple[str, str], str | None]
+    state: RemediationState
+    named: set[str]
+    now: float
+
+
+def fleet_context(
+    model: ClusterModel,
+    pods: PodFacts,
+    *,
+    node_objects: list[JSON] | None = None,
+    remediation: RemediationState | None = None,
+    now: float = 0.0,
+    blocked_events: list[JSON] | None = None,
+) -> Context:
+    """The :class:`Context` of a model of claims, pods, slices and rules and the pods'
+    :func:`pod_facts`."""
+    state = remediation if remediation is not None else RemediationState()
+    taints = {key: [t.as_dict() for t in ts] for key, ts in model.all_taints().items()}
+    for key, more in device_taints((), (), node_objects or ()).items():  # node-level modes
+        taints.setdefault(key, []).extend(more)
+    leaving = _leaving(pods, blocked_events or ())
+    return Context(taints, model.all_consumers(), leaving, state, state.devices(), now)
+
+
+def health(
+    model: ClusterModel,
+    records: Iterable[Mapping[DeviceKey, Observation]],
+    warn: Callable[[str], None] | None = None,
+) -> dict[DeviceKey, Observation]:
+    """Each device's health: pods' statuses (the model), then the agents' records (later
+    ones win); a ``since`` that is not finite is dropped (None) with a warning."""
+    seen = model.observations()
+    for record in records:
+        seen.update(record)
+    for key, obs in list(seen.items()):
+        seen[key] = finite(key, obs, warn)
+    return seen
+
+
+def finite(key: DeviceKey, obs: Observation, warn: Callable[[str], None] | None) -> Observation:
+    """``obs``, without a ``since`` that is not finite (said through ``warn``)."""
+    if obs.since is None or math.isfinite(obs.since):
+        return obs
+    if warn is not None:
+        warn(f"device {key}: ignoring its health record's since={obs.since!r} (not finite)")
+    return replace(obs, since=None)
+
+
 def fleet_state(
     model: ClusterModel,
     devices: Iterable[tuple[str, DeviceKey]],
@@ -118,35 +193,21 @@ def fleet_state(
     """The page's state from a model of claims, pods, slices and rules, the slices'
     ``(node, device)`` pairs, the agents' decoded records (later ones win) and the pods'
     :func:`pod_facts`."""
-    state = remediation if remediation is not None else RemediationState()
-    seen = model.observations()  # pods' statuses; the agents' records win
-    for record in records:
-        seen.update(record)
-    for key, obs in list(seen.items()):
-        if obs.since is not None and not math.isfinite(obs.since):
-            if warn is not None:
-                warn(f"device {key}: ignoring its health record's since={obs.since!r} (not finite)")
-            seen[key] = replace(obs, since=None)
-    taints = {key: [t.as_dict() for t in ts] for key, ts in model.all_taints().items()}
-    for key, more in device_taints((), (), node_objects or ()).items():  # node-level modes
-        taints.setdefault(key, []).extend(more)
-    users = model.all_consumers()
-    leaving = _leaving(pods, blocked_events or ())
-    named = state.devices()
+    ctx = fleet_context(
+        model, pods, node_objects=node_objects, remediation=remediation, now=now,
+        blocked_events=blocked_events,
+    )  # fmt: skip
+    seen = health(model, records, warn)
     nodes: dict[str, list[JSON]] = {}
     known: set[DeviceKey] = set()
     for node, key in devices:
         known.add(key)
-        nodes.setdefault(node, []).append(
-            _device(key, seen, taints, users, leaving, state, now, named)
-        )
+        nodes.setdefault(node, []).append(device_entry(key, seen.get(key), ctx))
     for key, obs in seen.items():  # reported by an agent but not (yet) in a slice
         if key not in known:
-            nodes.setdefault(obs.node or "(no node)", []).append(
-                _device(key, seen, taints, users, leaving, state, now, named)
-            )
+            nodes.setdefault(obs.node or "(no node)", []).append(device_entry(key, obs, ctx))
     return {
-        "remediation": state.summary(),
+        "remediation": ctx.state.summary(),
         "nodes": [
             {
                 "name": name,
@@ -157,25 +218,16 @@ def fleet_state(
     }
 
 
-def _device(
-    key: DeviceKey,
-    seen: dict[DeviceKey, Any],
-    taints: dict[DeviceKey, list[JSON]],
-    users: Any,
-    leaving: dict[tuple[str, str], str | None],
-    state: RemediationState,
-    now: float,
-    named: set[str],
-) -> JSON:
-    obs = seen.get(key)
-    pods = users.get(key, ())
+def device_entry(key: DeviceKey, obs: Observation | None, ctx: Context) -> JSON:
+    """One device as the page shows it."""
+    pods: Any = ctx.users.get(key, ())
     pods = sorted(pods) if len(pods) > 1 else pods
-    mine = taints.get(key, [])
+    mine = ctx.taints.get(key, [])
     evicting, blocked, names = [], [], []
     for c in pods:
         name = f"{c.namespace}/{c.name}"
         names.append(name)
-        why = leaving.get((c.namespace, c.name), "")
+        why = ctx.leaving.get((c.namespace, c.name), "")
         if why is None:
             evicting.append(name)
         elif why and mine:
@@ -193,7 +245,7 @@ def _device(
         "pods": names,
         "evicting": evicting,
         "blocked": blocked,
-        "remediation": state.device_state(text, now) if text in named else {},
+        "remediation": ctx.state.device_state(text, ctx.now) if text in ctx.named else {},
     }
 
 
