@@ -102,7 +102,7 @@ class HealthGuardedDriver:
             except ValueError:
                 return PrepareResult.failed(
                     f"device {r.pool}/{r.device} of claim {claim.ref} is not a device of "
-                    "this driver",
+                    "this driver on this node",
                     ErrorKind.PERMANENT_CONFIG,
                 )
             if state.health is Health.UNHEALTHY and state.sticky:

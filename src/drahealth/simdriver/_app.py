@@ -20,11 +20,13 @@ Owns the two profiles modelled on dra-example-driver (reference/driver-side.md 2
   action writes NVIDIA XID lines into.
 
 Also owns :class:`SampleDriver` (prepare answers the allocated devices, with no side
-effects; the toolkit adds CDI ids; a device latched Unhealthy in the hub fails with a
-``PERMANENT_DEVICE`` error), :class:`SimulatedHealthSource` (every device Healthy,
-re-reported as a heartbeat) and :class:`SampleDriverApp`, which assembles hub, plugin,
-control socket, metrics and (with API access) ResourceSlice publisher and taints (and,
-with ``withdraw_unhealthy``, latched-Unhealthy devices left out of the slices).
+effects; the toolkit adds CDI ids and, with ``refuse_unhealthy``, fails a device latched
+Unhealthy in the hub with a ``PERMANENT_DEVICE`` error before the driver runs),
+:class:`SimulatedHealthSource` (every device Healthy, re-reported as a heartbeat) and
+:class:`SampleDriverApp`, which builds the hub and the pool and hands them to the
+toolkit's ``start()``, whose options run the control socket, metrics and (with API
+access) the ResourceSlice publisher and taints (and, with ``withdraw_unhealthy``,
+latched-Unhealthy devices left out of the slices).
 The command (``drahealth.cli.driver``) only parses options and prints.
 """
 
@@ -487,11 +489,9 @@ class SampleDriverApp:
         unknown = sorted(set(config.broken_devices) - {d for _, d in self.device_ids})
         if unknown:
             raise ValueError(f"--broken-device names unknown devices: {', '.join(unknown)}")
+        # latched-Unhealthy devices are refused by the toolkit (refuse_unhealthy)
         self.driver = SampleDriver(
-            self.device_ids,
-            self.hub,
-            broken=config.broken_devices,
-            prepare_delay=config.prepare_delay,
+            self.device_ids, broken=config.broken_devices, prepare_delay=config.prepare_delay
         )
         self.client: AsyncClient | None = None
         self.handle: PluginHandle | None = None
@@ -539,6 +539,7 @@ class SampleDriverApp:
             kube_client=self.client,
             enable_error_type_field=c.error_type_field,
             claim_cache=c.claim_cache,
+            refuse_unhealthy=True,
             # NVIDIA's plugins serve no health stream and taint nothing; neither does
             # their simulation (its hub still answers the control socket)
             serve_health=self.streams_health,
