@@ -83,12 +83,15 @@ async def main(quick: bool) -> None:
     pg = await pipeline_bench.prepare(rounds=rounds)
     row("   ... plugin, one claim GET per call p99",
         f"{pg['p99_ms']:.1f} ms (p50 {pg['p50_ms']:.1f})", "-", True)  # fmt: skip
-    pr = await pipeline_bench.prepare(rounds=rounds, cache=True)
-    latency = f"{pr['p99_ms']:.1f} ms (p50 {pr['p50_ms']:.1f})"
-    row("   ... plugin, claim watch cache p99", latency, "<= 10 ms", pr["p99_ms"] <= 10)
-    row("   ... cache vs GET, cache vs floor (p99)",
-        f"{pg['p99_ms'] / pr['p99_ms']:.1f}x faster, {pr['p99_ms'] / fl['p99_ms']:.1f}x floor",
-        "-", True)  # fmt: skip
+    # the judged row: plugin with its claim cache and the floor, alternating, medians
+    pr = await pipeline_bench.prepare_vs_floor(2 if quick else 5, rounds=rounds)
+    row("   ... plugin, claim watch cache p99 (floor alternating)",
+        f"{pr['p99_ms']:.1f} ms (p50 {pr['p50_ms']:.1f})",
+        f"floor {pr['floor_p99_ms']:.1f} ms", True)  # fmt: skip
+    row("   ... cache p99 / floor p99 (median of pairs)", f"{pr['ratio_p99']:.2f}x",
+        "<= 2x the floor", pr["ratio_p99"] <= 2)  # fmt: skip
+    row("   ... checkpoint writes per burst (prepare + unprepare)",
+        f"{pr['writes_per_burst']:.1f}", "-", True)  # fmt: skip
     enc = encode_ms()
     row("   snapshot encode, 10,000 devices, after a change", f"{enc:.2f} ms", "<= 5 ms", enc <= 5)
     nodes, pods = (100, 500) if quick else (1000, 5000)
