@@ -11,6 +11,7 @@ its ResourceSlices were published and the API server answers
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import socket
 
@@ -274,6 +275,10 @@ async def _run(app: SampleDriverApp, api_check_interval: float) -> None:
                 else:
                     checks = [driver_readiness(app)]
                 app.metrics_server.ready = all_of(*checks)
+            # what was built at start lives as long as the process: out of the
+            # collector's scans, so a full collection cannot stall a burst of prepares
+            gc.collect()
+            gc.freeze()
             await app.wait()
         finally:
             await cancel_and_wait(tasks)
