@@ -235,3 +235,52 @@ def test_token_file_errors_are_named(tmp_path: Path) -> None:
         result = CliRunner().invoke(dashboard_command, ["--token-file", str(path)])
         assert result.exit_code == 2
         assert "--token-file" in result.output and message in result.output
+
+
+async def test_record_changes_applied_device_by_device_equal_a_full_pass(
+    client: AsyncClient,
+) -> None:
+    """Only an agent's record changed: the dashboard recomputes just those devices. What it
+    publishes must be what a full pass over everything gives."""
+    await scenario(client)
+    dashboard = Dashboard(client)
+    url = await dashboard.start()
+    name = f"drahealth-devices-{NODE}"
+    try:
+        async with aiohttp.ClientSession() as http, http.get(url + "api/events") as stream:
+            follow = Follower(stream)
+            await follow.next()
+            cm = await client.get(ConfigMap, name, namespace="default")
+            rows = json.loads((cm.data or {})["devices"])
+            edits = [
+                lambda r: r[3].update(health="Unhealthy", message="ECC"),
+                lambda r: r[1].update(health="Healthy", message=""),
+                lambda r: r[0].update(health="Unhealthy", message="record says"),
+                lambda r: r[2].update(since="@INF@"),  # not finite: shown as unknown
+                lambda r: r.pop(0),  # gpu-0 leaves the record: its pod's status speaks
+                lambda r: r.append({**r[0], "device": "gpu-9"}),  # in no slice: a full pass
+            ]
+            for edit in edits:
+                edit(rows)
+                text = json.dumps(rows).replace('"@INF@"', "1e999")
+                await client.patch(
+                    ConfigMap, name, {"data": {"devices": text}}, namespace="default",
+                    patch_type=PatchType.MERGE,
+                )  # fmt: skip
+                await asyncio.wait_for(follow.next(), 5)
+            seen = follow.state
+            assert seen is not None
+            devices = {d["device"]: d for d in seen["nodes"][0]["devices"]}
+            assert devices["gpu-3"]["health"] == "Unhealthy" and devices["gpu-1"]["health"] == (
+                "Healthy"
+            )
+            assert devices["gpu-2"]["since"] is None and devices["gpu-0"]["health"] == "Healthy"
+            assert "gpu-9" in devices
+            seq = dashboard.state["seq"]
+            dashboard._full = True  # a full pass over everything
+            dashboard._refresh()
+            assert dashboard.state["seq"] == seq, "the full pass found something to change"
+            async with http.get(url + "api/state") as resp:
+                assert await resp.json() == seen
+    finally:
+        await dashboard.stop()
