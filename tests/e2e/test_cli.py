@@ -155,8 +155,9 @@ def test_apiserver_refuses_a_corrupt_data_file(tmp_path: Path) -> None:
 def test_help_lists_commands() -> None:
     proc = _run("--help")
     assert proc.returncode == 0
-    for cmd in ("apiserver", "demo"):
-        assert cmd in proc.stdout
+    for cmd in ("apiserver", "demo", "status", "pods", "stream"):
+        assert f"\n  {cmd} " in proc.stdout
+    assert "Exit codes: 0 ok, 1 error, 2 usage" in " ".join(proc.stdout.split())
 
 
 def test_demo_no_script_stays_up_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:

@@ -26,15 +26,17 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 import click
+import httpx2
 from lightkube import ApiError, AsyncClient, Client, SingleConfig
 from lightkube.resources.core_v1 import ConfigMap
 
-from drahealth._api_failures import api_failures, load_checked
+from drahealth._api_failures import CommandError, api_failures, load_checked
 from drahealth._text import printable
 from drahealth.kube import KubeConfigError, make_client, make_sync_client
 
 __all__ = [
     "CONTEXT_OPTION",
+    "DISCOVERY_HINT",
     "KUBECONFIG_OPTION",
     "Access",
     "ConfigUsageError",
@@ -112,9 +114,25 @@ class Access:
             if not isinstance(exc.__cause__, KubeConfigError):
                 raise
             raise ConfigUsageError(f"{exc.__cause__} ({_CHECK_CONFIG})") from exc
+        except httpx2.HTTPStatusError as exc:  # an answer that is not a Kubernetes Status
+            code = exc.response.status_code
+            hint = _HINTS.get(code, "")
+            raise CommandError(
+                (f"{what}: " if what else "")
+                + f"HTTP {code} from the API server for {exc.request.url.path}{hint}"
+            ) from None
 
 
 _CHECK_CONFIG = "check --kubeconfig, $KUBECONFIG and --context"
+#: Said after a discovery answer that is not one (e.g. ``GET /version: HTTP 403``).
+DISCOVERY_HINT = (
+    "asking the server what it serves; check the kubeconfig's server and credentials, and RBAC"
+)
+_HINTS = {
+    401: " (check the kubeconfig's credentials)",
+    403: " (check RBAC)",
+    404: " (is this a Kubernetes API server? check the kubeconfig's server)",
+}
 
 
 class ConfigUsageError(click.UsageError):
@@ -220,11 +238,19 @@ def find_controller_namespaces(client: Client) -> list[str] | None:
             if exc.status.code in (401, 403):
                 return None
             raise
+        except httpx2.HTTPStatusError as exc:
+            if exc.response.status_code in (401, 403):
+                return None
+            raise
     return sorted(found)
 
 
 def controller_namespace(
-    client: Client, explicit: str | None, access: Access, note: Callable[[str], None]
+    client: Client,
+    explicit: str | None,
+    access: Access,
+    note: Callable[[str], None],
+    flag: str = "--controller-namespace",
 ) -> str:
     """Where the remediation controller keeps its ConfigMaps.
 
@@ -238,7 +264,7 @@ def controller_namespace(
     if found is None:
         note(
             "cannot list ConfigMaps in every namespace to find the remediation controller; "
-            f"using {fallback} (give --controller-namespace)"
+            f"using {fallback} (give {flag})"
         )
         return fallback
     if len(found) == 1:
@@ -246,8 +272,5 @@ def controller_namespace(
     if not found:
         return fallback
     chosen = fallback if fallback in found else found[0]
-    note(
-        f"remediation controllers found in {', '.join(found)}; using {chosen} "
-        "(give --controller-namespace)"
-    )
+    note(f"remediation controllers found in {', '.join(found)}; using {chosen} (give {flag})")
     return chosen

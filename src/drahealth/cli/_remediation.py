@@ -20,6 +20,7 @@ from typing import Any, Final
 from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import ConfigMap
 
+from drahealth.cli._output import human_age
 from drahealth.core import RemediationState, parse_rfc3339, parse_state_data
 from drahealth.remedy import STATE_CONFIGMAP
 
@@ -53,6 +54,7 @@ def read_remediation_state(
 
 
 def _duration(seconds: float) -> str:
+    """A policy window (``1h``, ``24h`` as a policy writes it: its largest unit)."""
     seconds = int(abs(seconds))
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
@@ -69,7 +71,8 @@ def _when(stamp: str, now: float) -> str:
         return stamp
     shown = datetime.datetime.fromtimestamp(at, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     delta = now - at
-    return f"{shown} ({_duration(delta)} ago)" if delta >= 0 else f"{shown} (in {_duration(delta)})"
+    age = human_age(abs(delta))  # kubectl's spelling, as the tables show ages
+    return f"{shown} ({age} ago)" if delta >= 0 else f"{shown} (in {age})"
 
 
 def _breaker_lines(state: RemediationState, now: float, limit: int) -> list[str]:

@@ -67,7 +67,11 @@ def _namespace(access: Access) -> str:
     client = access.sync_client()
     try:
         return controller_namespace(
-            client, access.namespace, access, lambda m: click.echo(f"note: {m}", err=True)
+            client,
+            access.namespace,
+            access,
+            lambda m: click.echo(f"note: {m}", err=True),
+            flag="-n",
         )
     finally:
         client.close()

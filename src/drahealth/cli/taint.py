@@ -46,7 +46,7 @@ import yaml
 from lightkube import AsyncClient
 
 from drahealth._api_failures import CommandError
-from drahealth.cli._access import Access, api_options, controller_namespace
+from drahealth.cli._access import DISCOVERY_HINT, Access, api_options, controller_namespace
 from drahealth.core import format_time, parse_time
 from drahealth.kube import DiscoveryError, ServedAPIs, discover, to_internal
 from drahealth.remedy import (
@@ -162,7 +162,7 @@ async def _discover(client: AsyncClient) -> ServedAPIs:
         cause = exc.__cause__
         if isinstance(cause, Exception) and not isinstance(cause, DiscoveryError):
             raise cause from cause.__cause__  # its own cause names why (e.g. refused)
-        raise CommandError(str(exc)) from None
+        raise CommandError(f"{exc} ({DISCOVERY_HINT})") from None
 
 
 _DEVICE = click.argument("device", metavar="DRIVER/POOL/DEVICE", callback=_device)
@@ -294,7 +294,7 @@ def untaint_command(
     def find_namespace() -> str:
         sync = access.sync_client()
         try:
-            return controller_namespace(sync, access.namespace, access, _note)
+            return controller_namespace(sync, access.namespace, access, _note, flag="-n")
         finally:
             sync.close()
 

@@ -18,7 +18,7 @@ from drahealth import __version__
 from drahealth._api_failures import CommandError
 from drahealth._served import auto_mode
 from drahealth._text import json_text, printable
-from drahealth.cli._access import Access, api_options
+from drahealth.cli._access import DISCOVERY_HINT, Access, api_options
 from drahealth.core import KUBE_VERSIONS
 from drahealth.kube import DiscoveryError, discover_sync
 
@@ -35,7 +35,7 @@ def _server(access: Access) -> dict[str, Any]:
                 cause = exc.__cause__
                 if isinstance(cause, Exception) and not isinstance(cause, DiscoveryError):
                     raise cause from cause.__cause__  # its own cause names why (e.g. refused)
-                raise CommandError(str(exc)) from None
+                raise CommandError(f"{exc} ({DISCOVERY_HINT})") from None
         finally:
             client.close()
     mode, why = auto_mode(served)

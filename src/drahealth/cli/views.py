@@ -605,8 +605,14 @@ def history_command(access: Access, device: str, controller_ns: str | None, outp
                             }
                         )
             except ApiError as exc:
-                if exc.status.code != 404:
-                    raise
+                if exc.status.code != 403:
+                    if exc.status.code != 404:
+                        raise
+                else:
+                    notes.append(
+                        f"no access to configmap {ctl_ns}/{HISTORY_CONFIGMAP} "
+                        f"({exc.status.message}): the controller's actions not shown"
+                    )
             for e in _list(client, Event, None):
                 if mentions_device(str(e.get("message", "")), key):
                     obj = e.get("involvedObject") or {}

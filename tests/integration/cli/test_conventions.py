@@ -299,3 +299,53 @@ def test_shell_completion_completes_commands_and_options() -> None:
     assert run(env=words).stdout.split() == ["plain,status"]
     words["COMP_WORDS"], words["COMP_CWORD"] = "drahealth pods --all", "2"
     assert run(env=words).stdout.split() == ["plain,--all-namespaces"]
+
+
+async def test_forbidden_everywhere_is_one_error_line_naming_rbac(tmp_path: Path) -> None:
+    """A server that answers 403 (a Kubernetes Status) to every request: each command
+    ends with one ``error:`` line naming what was refused and RBAC, never a traceback."""
+    from aiohttp import web
+
+    async def forbid(request: web.Request) -> web.Response:
+        status = {
+            "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden",
+            "code": 403, "message": f'{request.path} is forbidden: User "bob" cannot get it',
+        }  # fmt: skip
+        body = json.dumps(status).encode()
+        return web.Response(body=body, status=403, headers={"Content-Type": "application/json"})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", forbid)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    config = {
+        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "bob", "user": {"token": "t"}}],
+        "contexts": [{"name": "bob", "context": {"cluster": "c", "user": "bob"}}],
+        "current-context": "bob",
+    }
+    path = tmp_path / "kubeconfig"
+    await asyncio.to_thread(path.write_text, yaml.safe_dump(config))
+    k = ("--kubeconfig", str(path))
+    try:
+        commands = {
+            "pods": ("pods", *k, "-A"),
+            "history": ("history", *k, f"{D}/{NODE}/gpu-1"),
+            "clear": ("clear", *k, f"{D}/{NODE}/gpu-1"),
+            "resume": ("resume", *k),
+            "taint": ("taint", *k, f"{D}/{NODE}/gpu-1", "--key", "k", "--effect", "NoSchedule"),
+            "untaint": ("untaint", *k, f"{D}/{NODE}/gpu-1", "--key", "k"),
+            "version": ("version", *k),
+        }
+        results = await asyncio.gather(*(asyncio.to_thread(run, *a) for a in commands.values()))
+    finally:
+        await runner.cleanup()
+    for name, out in zip(commands, results, strict=True):
+        assert out.returncode == 1, (name, out.stderr)
+        assert "Traceback" not in out.stderr, (name, out.stderr)
+        errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1 and "403" in errors[0], (name, out.stderr)
+        assert "RBAC" in errors[0], (name, errors[0])
