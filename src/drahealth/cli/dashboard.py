@@ -1,10 +1,12 @@
 """``drahealth dashboard``: serve the device-health dashboard for any cluster.
 
-Before serving, the kubeconfig and the files it names are checked and the API server is
-asked once, so an unreachable server or a missing certificate authority is one
-``error:`` line (exit 1) naming what failed, and "cannot serve on" is said only when the
-listen address itself fails. Usage errors exit 2. What the server serves is asked once
-here; the page says which DRA kinds it does not serve.
+The cluster is found as by every command (``--kubeconfig``, ``$KUBECONFIG``,
+``--context``; see :mod:`drahealth.cli._access`). Before serving, the kubeconfig and the
+files it names are checked and the API server is asked once, so an unreachable server or
+a missing certificate authority is one ``error:`` line (exit 1) naming what failed, and
+"cannot serve on" is said only when the listen address itself fails. Usage errors exit 2.
+What the server serves is asked once here; the page says which DRA kinds it does not
+serve.
 """
 
 from __future__ import annotations
@@ -15,15 +17,16 @@ import os
 import click
 
 from drahealth._aio import wait_for_stop_signal
-from drahealth._api_failures import CommandError, api_failures, load_checked
+from drahealth._api_failures import CommandError
 from drahealth._http_guard import check_allowed_hosts
+from drahealth.cli._access import Access, api_options
 from drahealth.core import DEFAULT_NAMESPACE
 
 __all__ = ["dashboard_command"]
 
 
 @click.command("dashboard")
-@click.option("--kubeconfig", metavar="FILE", help="API access [default: as kubectl].")
+@api_options(namespaced=False)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=click.IntRange(0, 65535), default=8420, show_default=True)
 @click.option(
@@ -53,7 +56,7 @@ __all__ = ["dashboard_command"]
     help="Namespace of the remediation controller (its history and state ConfigMaps).",
 )
 def dashboard_command(
-    kubeconfig: str | None,
+    access: Access,
     host: str,
     port: int,
     token_file: str | None,
@@ -61,7 +64,8 @@ def dashboard_command(
     allowed_hosts: tuple[str, ...],
     controller_namespace: str,
 ) -> None:
-    """Serve the node x device health grid, live, until SIGTERM/SIGINT."""
+    """Serve the live device-health dashboard (a row per node, filters in the URL) until
+    SIGTERM/SIGINT."""
     try:
         allowed_hosts = check_allowed_hosts(allowed_hosts)
     except ValueError as exc:
@@ -81,18 +85,18 @@ def dashboard_command(
         click.echo(
             f"warning: serving read-only data on {host} to anyone who can reach it", err=True
         )
-    with api_failures(kubeconfig):
-        load_checked(kubeconfig)
+    access.config()  # the kubeconfig and the files it names, checked first
+    with access.failures():
         asyncio.run(
             _run(
-                kubeconfig, host, port, token, agent_namespace, allowed_hosts,
+                access, host, port, token, agent_namespace, allowed_hosts,
                 controller_namespace,
             )
         )  # fmt: skip
 
 
 async def _run(
-    kubeconfig: str | None,
+    access: Access,
     host: str,
     port: int,
     token: str | None,
@@ -100,10 +104,10 @@ async def _run(
     allowed_hosts: tuple[str, ...] = (),
     controller_namespace: str = "default",
 ) -> None:
-    from drahealth.kube import DiscoveryError, discover, make_client
+    from drahealth.kube import DiscoveryError, discover
     from drahealth.web import Dashboard
 
-    client = make_client(kubeconfig)
+    client = access.async_client()
     try:
         try:  # is the API server there, and what does it serve?
             served = await discover(client)

@@ -1,7 +1,8 @@
-"""drahealth.web: the dashboard (node x device grid, live over server-sent events).
+"""drahealth.web: the dashboard (a row per node, its devices when opened, live over
+server-sent events: the whole state, then deltas).
 
 ``Dashboard`` serves one static page (no build step) and the JSON it renders; run it with
-``drahealth dashboard`` or as part of ``drahealth demo``.
+``drahealth dashboard`` or as part of ``drahealth demo``. See ``docs/dashboard.md``.
 """
 
 from __future__ import annotations
