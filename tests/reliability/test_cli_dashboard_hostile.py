@@ -112,9 +112,11 @@ async def test_markup_and_escape_sequences_are_shown_as_plain_text(
     await client.patch(
         Pod.Status, "train", {"status": status}, namespace="ml", patch_type=PatchType.MERGE
     )
-    for command, code in (("status", 3), ("pods", 0)):
+    for command, code in (("status", 3), ("pods", 3)):  # ml/train's device is Unhealthy
         for output in ("table", "wide"):
-            out = await asyncio.to_thread(run, command, "--kubeconfig", kubeconfig, "-o", output)
+            out = await asyncio.to_thread(
+                run, command, "-A", "--kubeconfig", kubeconfig, "-o", output
+            )
             assert out.returncode == code, (command, output, out.stderr)
             assert "Traceback" not in out.stderr, out.stderr
             assert "[/dev/nvidia0] failed [link=https://evil.example/]click[/link]" in out.stdout
@@ -122,7 +124,7 @@ async def test_markup_and_escape_sequences_are_shown_as_plain_text(
             assert not any(c in out.stdout for c in "\x1b\x9b\x07\x08\r"), repr(out.stdout)
             assert "xhere" in out.stdout and "next" in out.stdout, out.stdout
         # JSON keeps the message exactly, escaped: no raw control byte reaches the terminal
-        out = await asyncio.to_thread(run, command, "--kubeconfig", kubeconfig, "-o", "json")
+        out = await asyncio.to_thread(run, command, "-A", "--kubeconfig", kubeconfig, "-o", "json")
         assert out.returncode == code, out.stderr
         assert not any(c in out.stdout for c in "\x1b\x9b\x07"), repr(out.stdout)
         assert HOSTILE in [r["message"] for r in _strict(out.stdout)]
@@ -138,13 +140,14 @@ async def test_a_non_finite_since_is_skipped_per_row_with_a_warning(
     raw = json.dumps(rows).replace('"@INF@"', "1e999").replace('"@NAN@"', "NaN")
     await _set_rows(client, {}, raw=raw)
 
-    out = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig, "-o", "json")
+    out = await asyncio.to_thread(run, "status", "-A", "--kubeconfig", kubeconfig, "-o", "json")
     assert out.returncode == 3 and "Traceback" not in out.stderr, out.stderr
-    got = {r["device"].rpartition("/")[2]: (r["since"], r["age"]) for r in _strict(out.stdout)}
-    assert got["gpu-1"] == (None, "") and got["gpu-2"] == (None, "")
+    got = {r["device"].rpartition("/")[2]: r["since"] for r in _strict(out.stdout)}
+    assert got["gpu-1"] is None and got["gpu-2"] is None
     assert f"{D}/{NODE}/gpu-1" in out.stderr and "not finite" in out.stderr, out.stderr
-    table = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig)
+    table = await asyncio.to_thread(run, "status", "-A", "--kubeconfig", kubeconfig)
     assert table.returncode == 3 and "XID 79" in table.stdout, table.stderr
+    assert "Unhealthy   <unknown>   XID 79" in table.stdout, table.stdout
 
     dashboard = Dashboard(client)
     url = await dashboard.start()
@@ -185,7 +188,7 @@ async def test_health_records_not_written_by_the_agent_are_ignored(
                 }
             )
         )
-    out = await asyncio.to_thread(run, "status", "--kubeconfig", kubeconfig, "-o", "json")
+    out = await asyncio.to_thread(run, "status", "-A", "--kubeconfig", kubeconfig, "-o", "json")
     assert out.returncode == 3, out.stderr
     assert "FAKE" not in out.stdout and f"{D}/{NODE}/gpu-0" not in out.stdout
 
@@ -201,7 +204,7 @@ async def test_health_records_not_written_by_the_agent_are_ignored(
 
     # an agent deployed with --namespace tenant: the readers follow --agent-namespace
     out = await asyncio.to_thread(
-        run, "status", "--kubeconfig", kubeconfig, "--agent-namespace", "tenant", "-o", "json"
+        run, "status", "-A", "--kubeconfig", kubeconfig, "--agent-namespace", "tenant", "-o", "json"
     )
     gpu0 = next(r for r in _strict(out.stdout) if r["device"] == f"{D}/{NODE}/gpu-0")
     assert (gpu0["health"], gpu0["message"]) == ("Unhealthy", "FAKE")
