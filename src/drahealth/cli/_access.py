@@ -83,21 +83,21 @@ class Access:
         return "in any namespace" if scope is None else f"in {scope} namespace"
 
     def sync_client(self, field_manager: str = "drahealth") -> Client:
-        config = self.config()
+        self.config()  # its files checked first: a missing one is named
         with self.failures():
             return make_sync_client(
                 self.kubeconfig,
-                context=config.context_name,
+                context=self.context,
                 namespace=self.default_namespace,
                 field_manager=field_manager,
             )
 
     def async_client(self, field_manager: str = "drahealth") -> AsyncClient:
-        config = self.config()
+        self.config()
         with self.failures():
             return make_client(
                 self.kubeconfig,
-                context=config.context_name,
+                context=self.context,
                 namespace=self.default_namespace,
                 field_manager=field_manager,
             )

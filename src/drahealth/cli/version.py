@@ -53,7 +53,10 @@ def _server(access: Access) -> dict[str, Any]:
     "-o", "--output", type=click.Choice(["text", "json", "yaml"]), default="text", show_default=True
 )
 def version_command(access: Access, client_only: bool, output: str) -> None:
-    """drahealth's version; the cluster's release, DRA API versions and remediation mode."""
+    """drahealth's version; the cluster's release, DRA API versions and remediation mode.
+
+    Cluster-wide: no namespace applies (no -n).
+    """
     doc: dict[str, Any] = {
         "clientVersion": {"drahealth": __version__, "kubernetes": list(KUBE_VERSIONS)}
     }

@@ -376,20 +376,18 @@ def status_command(
     a NoExecute taint.
     """
     now = time.time()
-    view = status_view(access, agent_namespace, controller_ns, now)
-    _print_status(view, output, access, now)
     if watch:
 
-        def again() -> tuple[Any, Callable[[], None]]:
+        def listing() -> tuple[Any, Callable[[], None]]:
             t = time.time()
             v = status_view(access, agent_namespace, controller_ns, t)
-            key = [_status_machine({**r, "remediation": {}}) for r in v.rows]
-            return key, lambda: _print_status(v, output, access, t)
+            return [_status_machine(r) for r in v.rows], lambda: _print_status(v, output, access, t)
 
-        first = [_status_machine({**r, "remediation": {}}) for r in view.rows]
         kinds = ["Pod", "ConfigMap", "ResourceClaim", "ResourceSlice", "DeviceTaintRule"]
-        _watch(access, kinds, first, again)
+        _watch(access, kinds, listing)
         return
+    view = status_view(access, agent_namespace, controller_ns, now)
+    _print_status(view, output, access, now)
     if view.bad_in_use:
         sys.exit(EXIT_BAD_DEVICES_IN_USE)
 
@@ -446,16 +444,16 @@ def pods_command(access: Access, output: Output, watch: bool) -> None:
     ``-o wide`` names the source of each health. Exits 3 when a pod listed has a device
     that is Unhealthy or Unknown.
     """
-    view = pods_view(access)
-    _print_pods(view, output, access)
     if watch:
 
-        def again() -> tuple[Any, Callable[[], None]]:
+        def listing() -> tuple[Any, Callable[[], None]]:
             v = pods_view(access)
             return v.rows, lambda: _print_pods(v, output, access)
 
-        _watch(access, ["Pod", "ResourceClaim"], view.rows, again)
+        _watch(access, ["Pod", "ResourceClaim"], listing)
         return
+    view = pods_view(access)
+    _print_pods(view, output, access)
     if view.bad_in_use:
         sys.exit(EXIT_BAD_DEVICES_IN_USE)
 
@@ -466,16 +464,20 @@ def pods_command(access: Access, output: Output, watch: bool) -> None:
 def _watch(
     access: Access,
     kinds: list[str],
-    shown: Any,
-    again: Callable[[], tuple[Any, Callable[[], None]]],
+    listing: Callable[[], tuple[Any, Callable[[], None]]],
 ) -> None:
-    """Watch ``kinds`` (in the command's namespace scope where namespaced); after events,
-    list again and print when the listing (times aside) differs from the last one.
+    """Print ``listing()``, then watch ``kinds`` (in the command's namespace scope where
+    namespaced) and, after events, list again and print when the listing's key (its
+    machine rows: times as RFC 3339, so no ages) differs from the last one printed.
 
-    Ends with exit 0 on Ctrl-C or SIGTERM; a watch that breaks is opened again.
+    Ends with exit 0 on Ctrl-C or SIGTERM, from the first listing on; a watch that
+    breaks is opened again.
     """
 
-    async def main() -> None:
+    def stop(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    async def main(shown: Any) -> None:
         loop = asyncio.get_running_loop()
         me = asyncio.current_task()
         assert me is not None
@@ -488,17 +490,15 @@ def _watch(
             asyncio.create_task(_follow(client, served, kind, access.scope, changed))
             for kind in kinds
         ]
-        last = shown
+        last = _key(shown)
         try:
             while True:
                 await changed.wait()
                 await asyncio.sleep(COALESCE_SECONDS)
                 changed.clear()
-                key, show = await asyncio.to_thread(again)
-                if json_text(key, sort_keys=True, default=str) != json_text(
-                    last, sort_keys=True, default=str
-                ):
-                    last = key
+                key, show = await asyncio.to_thread(listing)
+                if _key(key) != last:
+                    last = _key(key)
                     click.echo("")
                     show()
         finally:
@@ -507,8 +507,18 @@ def _watch(
             await asyncio.gather(*tasks, return_exceptions=True)
             await client.close()
 
-    with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
-        asyncio.run(main())
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
+            first, show = listing()
+            show()
+            asyncio.run(main(first))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _key(rows: Any) -> str:
+    return json_text(rows, sort_keys=True, default=str)
 
 
 def _served_for_watch(access: Access) -> ServedAPIs:

@@ -225,6 +225,21 @@ async def test_watch_prints_again_on_change_and_stops_cleanly_on_sigterm(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    # Ctrl-C (SIGINT) ends it cleanly too
+    ctrl_c = await asyncio.to_thread(
+        subprocess.Popen, args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert ctrl_c.stdout is not None
+        first = await asyncio.to_thread(ctrl_c.stdout.readline)
+        assert first.startswith("infer="), first
+        ctrl_c.send_signal(signal.SIGINT)
+        assert await asyncio.to_thread(ctrl_c.wait, 20) == 0, ctrl_c.stderr.read()  # type: ignore[union-attr]
+        assert ctrl_c.stderr is not None and "Traceback" not in ctrl_c.stderr.read()
+    finally:
+        if ctrl_c.poll() is None:
+            ctrl_c.kill()
+            ctrl_c.wait()
 
 
 async def test_taint_refuses_an_unpublished_device_unless_forced(kubeconfig: str) -> None:
