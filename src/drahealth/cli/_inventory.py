@@ -1,9 +1,10 @@
 """The rows behind ``drahealth status`` and ``drahealth pods``: pure functions over API objects.
 
 Owns :func:`device_rows` (every device that is not Healthy or carries a taint, with its
-node, health, message, age, taints and the pods using it) and :func:`pod_rows` (per pod,
-its devices and their health). Inputs are API objects as dicts: the agents'
-device-health ConfigMaps, pods, ResourceClaims, ResourceSlices and DeviceTaintRules.
+node, health, message, since when, taints and the pods using it; the views spell the
+times) and :func:`pod_rows` (per pod, its devices and their health). Inputs are API
+objects as dicts: the agents' device-health ConfigMaps, pods, ResourceClaims,
+ResourceSlices and DeviceTaintRules.
 
 A record's ``since`` that is not a finite number (``1e999`` parses as infinity) is
 dropped from that row (shown as unknown) and reported through ``warn``; the row stays.
@@ -11,7 +12,6 @@ dropped from that row (shown as unknown) and reported through ``warn``; the row 
 
 from __future__ import annotations
 
-import datetime
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -38,25 +38,6 @@ def finite_since(since: float | None, device: str, warn: Warn | None) -> float |
     if warn is not None:
         warn(f"device {device}: ignoring its health record's since={since!r} (not finite)")
     return None
-
-
-def _age(since: float | None, now: float) -> str:
-    if since is None:
-        return ""
-    seconds = max(0, int(now - since))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
-
-def _timestamp(value: Any) -> float | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def device_rows(
@@ -109,11 +90,8 @@ def device_rows(
                 "health": health,
                 "message": obs.message if obs else "",
                 "since": since,
-                "age": _age(since, now),
                 "source": obs.source if obs else "",
-                "taints": [
-                    {**t, "age": _age(_timestamp(t["since"]), now)} for t in taints.get(key, [])
-                ],
+                "taints": list(taints.get(key, [])),
                 "consumers": [
                     {"namespace": c.namespace, "pod": c.name, "node": c.node, "claim": c.claim}
                     for c in sorted(users.get(key, []))
