@@ -578,6 +578,8 @@ def history_command(access: Access, device: str, controller_ns: str | None, outp
         key = str(parse_device(device))
     except RuleError as exc:
         raise click.BadParameter(str(exc), param_hint="DEVICE") from exc
+    if output.kind == "name":
+        raise click.BadParameter("history lists events, not named objects", param_hint="-o")
     client = access.sync_client()
     rows: list[dict[str, Any]] = []
     unserved: set[str] = set()

@@ -142,7 +142,7 @@ async def test_every_output_format(kubeconfig: str) -> None:
     bad = await asyncio.to_thread(run, "pods", *k, "-o", "jsonpath={.items[")
     assert bad.returncode == 2 and "unclosed {" in bad.stderr
     history = await asyncio.to_thread(run, "history", *k[:4], f"{D}/{NODE}/gpu-1", "-o", "name")
-    assert history.returncode == 2 and "lists no named objects" in history.stderr
+    assert history.returncode == 2 and "history lists events, not named objects" in history.stderr
 
 
 async def test_bad_kubeconfig_files_are_one_line(tmp_path: Path) -> None:
