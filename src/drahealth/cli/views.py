@@ -226,6 +226,9 @@ class View:
     bad_in_use: bool = False
     #: ``note:`` lines, always on stderr
     notes: list[str] = field(default_factory=list)
+    #: what ``-w`` watches for this listing: (kind, namespace; None: every namespace or
+    #: cluster-scoped)
+    sources: list[tuple[str, str | None]] = field(default_factory=list)
 
 
 def _stamp(since: Any) -> str | None:
@@ -280,12 +283,23 @@ def status_view(
     said += [f"note: configmap {ctl_ns}/{STATE_CONFIGMAP}: {n}" for n in state.notes]
     for r in rows:
         r["remediation"] = state.device_state(r["device"], now)
+    sources = [
+        ("Pod", scope),
+        ("ResourceClaim", scope),
+        ("ConfigMap", agent_namespace),
+        ("ResourceSlice", None),
+        ("DeviceTaintRule", None),
+        ("Node", None),
+    ]
+    if ctl_ns != agent_namespace:
+        sources.append(("ConfigMap", ctl_ns))
     return View(
         rows,
         _header(served, recorded, unserved),
         remediation_lines(state, now),
         any(_bad(r) and r["consumers"] for r in rows),
         said,
+        sources,
     )
 
 
@@ -378,13 +392,13 @@ def status_command(
     now = time.time()
     if watch:
 
-        def listing() -> tuple[Any, Callable[[], None]]:
+        def listing() -> Listing:
             t = time.time()
             v = status_view(access, agent_namespace, controller_ns, t)
-            return [_status_machine(r) for r in v.rows], lambda: _print_status(v, output, access, t)
+            show = lambda: _print_status(v, output, access, t)  # noqa: E731
+            return [_status_machine(r) for r in v.rows], show, v.sources
 
-        kinds = ["Pod", "ConfigMap", "ResourceClaim", "ResourceSlice", "DeviceTaintRule"]
-        _watch(access, kinds, listing)
+        _watch(access, listing)
         return
     view = status_view(access, agent_namespace, controller_ns, now)
     _print_status(view, output, access, now)
@@ -406,7 +420,8 @@ def pods_view(access: Access) -> View:
     finally:
         client.close()
     said = [f"note: {not_served_note(kind, served, None)}" for kind in sorted(unserved)]
-    return View(rows, [], [], any(r["health"] in BAD_HEALTH for r in rows), said)
+    bad = any(r["health"] in BAD_HEALTH for r in rows)
+    return View(rows, [], [], bad, said, [("Pod", scope), ("ResourceClaim", scope)])
 
 
 def _pods_table(rows: list[dict[str, Any]], wide: bool) -> tuple[list[str], list[list[str]]]:
@@ -446,11 +461,11 @@ def pods_command(access: Access, output: Output, watch: bool) -> None:
     """
     if watch:
 
-        def listing() -> tuple[Any, Callable[[], None]]:
+        def listing() -> Listing:
             v = pods_view(access)
-            return v.rows, lambda: _print_pods(v, output, access)
+            return v.rows, lambda: _print_pods(v, output, access), v.sources
 
-        _watch(access, ["Pod", "ResourceClaim"], listing)
+        _watch(access, listing)
         return
     view = pods_view(access)
     _print_pods(view, output, access)
@@ -461,14 +476,14 @@ def pods_command(access: Access, output: Output, watch: bool) -> None:
 # --- -w: print again on change --------------------------------------------------------
 
 
-def _watch(
-    access: Access,
-    kinds: list[str],
-    listing: Callable[[], tuple[Any, Callable[[], None]]],
-) -> None:
-    """Print ``listing()``, then watch ``kinds`` (in the command's namespace scope where
-    namespaced) and, after events, list again and print when the listing's key (its
-    machine rows: times as RFC 3339, so no ages) differs from the last one printed.
+#: A listing for ``-w``: its key (machine rows), how to print it, and what to watch.
+Listing = tuple[Any, Callable[[], None], list[tuple[str, str | None]]]
+
+
+def _watch(access: Access, listing: Callable[[], Listing]) -> None:
+    """Print ``listing()``, then watch what it names (kind and namespace) and, after
+    events, list again and print when the listing's key (its machine rows: times as
+    RFC 3339, so no ages) differs from the last one printed.
 
     Ends with exit 0 on Ctrl-C or SIGTERM, from the first listing on; a watch that
     breaks is opened again.
@@ -477,7 +492,7 @@ def _watch(
     def stop(_signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt
 
-    async def main(shown: Any) -> None:
+    async def main(shown: Any, sources: list[tuple[str, str | None]]) -> None:
         loop = asyncio.get_running_loop()
         me = asyncio.current_task()
         assert me is not None
@@ -487,8 +502,8 @@ def _watch(
         client = access.async_client()
         served = await asyncio.to_thread(_served_for_watch, access)
         tasks = [
-            asyncio.create_task(_follow(client, served, kind, access.scope, changed))
-            for kind in kinds
+            asyncio.create_task(_follow(client, served, kind, namespace, changed))
+            for kind, namespace in dict.fromkeys(sources)
         ]
         last = _key(shown)
         try:
@@ -496,7 +511,7 @@ def _watch(
                 await changed.wait()
                 await asyncio.sleep(COALESCE_SECONDS)
                 changed.clear()
-                key, show = await asyncio.to_thread(listing)
+                key, show, _ = await asyncio.to_thread(listing)
                 if _key(key) != last:
                     last = _key(key)
                     click.echo("")
@@ -510,9 +525,9 @@ def _watch(
     previous = signal.signal(signal.SIGTERM, stop)
     try:
         with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
-            first, show = listing()
+            first, show, sources = listing()
             show()
-            asyncio.run(main(first))
+            asyncio.run(main(first, sources))
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -533,14 +548,13 @@ def _served_for_watch(access: Access) -> ServedAPIs:
 async def _follow(
     client: Any, served: ServedAPIs, kind: str, scope: str | None, changed: asyncio.Event
 ) -> None:
-    """Set ``changed`` on every event of ``kind``; reopen the watch when it ends or fails."""
-    from lightkube.resources.core_v1 import ConfigMap as CM
-    from lightkube.resources.core_v1 import Pod as P
-
-    resource: Any = {"Pod": P, "ConfigMap": CM}.get(kind) or served.resource(kind)
+    """Set ``changed`` on every event of ``kind`` (in namespace ``scope``; None: every
+    namespace, or cluster-scoped); reopen the watch when it ends or fails."""
+    core: dict[str, Any] = {"Pod": Pod, "ConfigMap": ConfigMap, "Node": Node}
+    resource: Any = core.get(kind) or served.resource(kind)
     if resource is None:
         return  # not served: nothing of it can change
-    namespaced = kind not in _CLUSTER_SCOPED
+    namespaced = kind not in _CLUSTER_SCOPED and kind != "Node"
     delay = 0.5
     while True:
         try:

@@ -174,34 +174,44 @@ async def test_a_missing_api_kind_and_a_missing_ca_file_are_one_line(
     assert "certificate-authority file" in _one_line_error(out)
 
 
+class _Printed:
+    """What a running ``-w`` command prints, line by line."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._pump, args=(proc,), daemon=True).start()
+
+    def _pump(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+
+    async def __call__(self, text: str) -> None:
+        """Wait (at most 30 s) until ``text`` is printed as a line."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if await asyncio.to_thread(self.lines.get, True, 1.0) == text:
+                    return
+            except queue.Empty:
+                continue
+        raise AssertionError(f"{text!r} not printed")
+
+
+async def _follow(args: list[str]) -> tuple[subprocess.Popen[str], _Printed]:
+    proc = await asyncio.to_thread(
+        subprocess.Popen, args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    return proc, _Printed(proc)
+
+
 async def test_watch_prints_again_on_change_and_stops_cleanly_on_sigterm(
     kubeconfig: str, client: AsyncClient
 ) -> None:
     template = '{range .items[*]}{.pod}={.health}{"\\n"}{end}'
     args = [str(BIN), "pods", "--kubeconfig", kubeconfig, "--context", "live", "-w",
             "-o", f"jsonpath={template}"]  # fmt: skip
-    proc = await asyncio.to_thread(
-        subprocess.Popen, args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    lines: queue.Queue[str] = queue.Queue()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.put(line.rstrip("\n"))
-
-    threading.Thread(target=pump, daemon=True).start()
-
-    async def wait_for(text: str) -> None:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if await asyncio.to_thread(lines.get, True, 1.0) == text:
-                    return
-            except queue.Empty:
-                continue
-        raise AssertionError(f"{text!r} not printed")
-
+    proc, wait_for = await _follow(args)
     try:
         await wait_for("infer=Healthy")
         status = {
@@ -364,3 +374,32 @@ async def test_forbidden_everywhere_is_one_error_line_naming_rbac(tmp_path: Path
         errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
         assert len(errors) == 1 and "403" in errors[0], (name, out.stderr)
         assert "RBAC" in errors[0], (name, errors[0])
+
+
+async def test_status_watch_follows_the_agents_records_outside_the_pods_namespace(
+    kubeconfig: str, client: AsyncClient
+) -> None:
+    """``-n ml`` scopes the pods; the agents' records (in default) are still watched."""
+    template = '{range .items[*]}{.device}={.health}{"\\n"}{end}'
+    args = [str(BIN), "status", "--kubeconfig", kubeconfig, "--context", "live", "-n", "ml",
+            "-w", "-o", f"jsonpath={template}"]  # fmt: skip
+    proc, printed = await _follow(args)
+    try:
+        await printed(f"{D}/{NODE}/gpu-1=Unhealthy")
+        record = await client.get(ConfigMap, f"drahealth-devices-{NODE}", namespace="default")
+        rows = json.loads((record.data or {})["devices"])
+        rows[0].update(health="Unhealthy", message="XID 48")  # gpu-0
+        await client.patch(
+            ConfigMap,
+            f"drahealth-devices-{NODE}",
+            {"data": {"devices": json.dumps(rows)}},
+            namespace="default",
+            patch_type=PatchType.MERGE,
+        )
+        await printed(f"{D}/{NODE}/gpu-0=Unhealthy")
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
