@@ -37,9 +37,11 @@ from typing import Any
 __all__ = [
     "LineChecksumError",
     "atomic_write",
+    "canonical_json",
     "checksum",
     "checksummed_line",
     "dump_envelope",
+    "envelope_from_canonical",
     "fsync_dir",
     "load_envelope",
     "quarantine",
@@ -119,13 +121,14 @@ def quarantine(path: str) -> str | None:
     return aside
 
 
-def _canonical(body: Any) -> bytes:
+def canonical_json(body: Any) -> bytes:
+    """The canonical JSON of ``body`` (see the module docstring) as UTF-8."""
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def checksum(body: Any) -> str:
     """``sha256:<hex>`` over the canonical JSON of ``body``."""
-    return "sha256:" + hashlib.sha256(_canonical(body)).hexdigest()
+    return "sha256:" + hashlib.sha256(canonical_json(body)).hexdigest()
 
 
 def dump_envelope(version: int, key: str, body: Any, *, compact: bool = False) -> bytes:
@@ -138,7 +141,12 @@ def dump_envelope(version: int, key: str, body: Any, *, compact: bool = False) -
     if not compact:
         doc = {"version": version, "checksum": checksum(body), key: body}
         return json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False).encode() + b"\n"
-    canonical = _canonical(body)
+    return envelope_from_canonical(version, key, canonical_json(body))
+
+
+def envelope_from_canonical(version: int, key: str, canonical: bytes) -> bytes:
+    """The compact envelope (see :func:`dump_envelope`) around a body given as its
+    canonical JSON bytes, for writers that build those bytes from cached parts."""
     head = {"checksum": "sha256:" + hashlib.sha256(canonical).hexdigest(), "version": version}
     fields = {name: json.dumps(value).encode() for name, value in head.items()}
     fields[key] = canonical

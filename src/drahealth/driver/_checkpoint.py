@@ -35,7 +35,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from drahealth._durable import atomic_write, dump_envelope, load_envelope, quarantine
+from drahealth._durable import (
+    atomic_write,
+    canonical_json,
+    envelope_from_canonical,
+    load_envelope,
+    quarantine,
+)
 from drahealth.driver._types import CheckpointError
 
 __all__ = [
@@ -150,6 +156,8 @@ class Checkpoint:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self._path = os.fspath(path)
+        # claim UID -> (entry, its '"uid":{...}' canonical JSON) from the last encode
+        self._fragments: dict[str, tuple[ClaimEntry, bytes]] = {}
 
     @property
     def path(self) -> str:
@@ -185,12 +193,23 @@ class Checkpoint:
         """Atomically replace the file with ``claims``."""
         self.write(self.encode(claims))
 
-    @staticmethod
-    def encode(claims: Mapping[str, ClaimEntry]) -> bytes:
-        """The file's bytes for ``claims`` (one line of canonical JSON: cheap enough to
-        build on the event loop for a node's claims)."""
-        body = {uid: claims[uid].to_json() for uid in sorted(claims)}
-        return dump_envelope(CHECKPOINT_VERSION, "claims", body, compact=True)
+    def encode(self, claims: Mapping[str, ClaimEntry]) -> bytes:
+        """The file's bytes for ``claims``: one line, the body in canonical JSON built
+        from each entry's canonical JSON, kept from the last call for entries that did
+        not change (the same object), so a write costs the changed claims' encoding
+        plus one join and one hash: cheap enough for the event loop."""
+        cache = self._fragments
+        fresh: dict[str, tuple[ClaimEntry, bytes]] = {}
+        parts: list[bytes] = []
+        for uid in sorted(claims):
+            entry = claims[uid]
+            known = cache.get(uid)
+            if known is None or known[0] is not entry:
+                known = (entry, canonical_json({uid: entry.to_json()})[1:-1])
+            fresh[uid] = known
+            parts.append(known[1])
+        self._fragments = fresh  # only the current claims: bounded by them
+        return envelope_from_canonical(CHECKPOINT_VERSION, "claims", b"{" + b",".join(parts) + b"}")
 
     def write(self, data: bytes) -> None:
         """Atomically replace the file with ``data`` from :meth:`encode` (blocking:

@@ -182,3 +182,34 @@ def test_sigkill_during_writes_never_leaves_a_torn_file(tmp_path: Path) -> None:
                 proc.wait()
             if proc.stdout is not None:
                 proc.stdout.close()
+
+
+def test_encode_reuses_unchanged_entries_and_equals_a_fresh_encoding(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path / "prepared-claims.json")
+    claims = dict(ENTRIES)
+    steps = [
+        dict(claims),
+        {**claims, "uid-2": ClaimEntry("ns", "c2", ClaimState.PREPARE_COMPLETED)},
+        {k: v for k, v in claims.items() if k != "uid-1"},
+        {**claims, 'uid-\u00e9"x': ClaimEntry("n\u00fc", "q", ClaimState.PREPARE_STARTED)},
+        {},
+    ]
+    for state in steps:
+        data = cp.encode(state)
+        assert data == Checkpoint(tmp_path / "other.json").encode(state)  # no cache
+        assert data.count(b"\n") == 1 and data.endswith(b"\n")  # one line
+        cp.write(data)
+        assert cp.load() == state
+        doc = json.loads(data)
+        assert set(doc) == {"version", "checksum", "claims"}
+        assert doc["version"] == CHECKPOINT_VERSION
+
+
+def test_an_indented_file_of_an_earlier_release_still_loads(tmp_path: Path) -> None:
+    from drahealth._durable import atomic_write, dump_envelope
+
+    path = tmp_path / "prepared-claims.json"
+    body = {uid: ENTRIES[uid].to_json() for uid in sorted(ENTRIES)}
+    atomic_write(str(path), dump_envelope(CHECKPOINT_VERSION, "claims", body))
+    assert b"\n " in path.read_bytes()  # the indented layout
+    assert Checkpoint(path).load() == ENTRIES
