@@ -176,13 +176,16 @@ CONTEXT_OPTION = click.option(
 )
 
 
-def api_options(namespaced: bool | str = True) -> Callable[[F], F]:
+def api_options(
+    namespaced: bool | str = True, *, namespace_help: str | None = None
+) -> Callable[[F], F]:
     """``--kubeconfig``, ``--context`` and (``namespaced``) ``-n``/``-A``, passed on as one
     :class:`Access` in the keyword ``access``.
 
     ``namespaced`` may be a string: the help of ``-n`` (for commands whose namespace is
-    the controller's, not the pods'). ``False`` leaves ``-n``/``-A`` out (cluster-scoped
-    commands say so in their help).
+    the controller's, not the pods'; no ``-A`` then). ``False`` leaves ``-n``/``-A`` out
+    (cluster-scoped commands say so in their help). ``namespace_help`` replaces the
+    help of ``-n`` beside ``-A``.
     """
 
     def decorate(fn: F) -> F:
@@ -203,7 +206,8 @@ def api_options(namespaced: bool | str = True) -> Callable[[F], F]:
             ns_help = (
                 namespaced
                 if isinstance(namespaced, str)
-                else "Namespace to list [default: the context's namespace, else default]."
+                else namespace_help
+                or "Namespace to list [default: the context's namespace, else default]."
             )
             options.append(click.option("-n", "--namespace", metavar="NS", help=ns_help))
             if namespaced is True:

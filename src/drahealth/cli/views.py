@@ -366,7 +366,7 @@ def _print_status(view: View, output: Output, access: Access, now: float) -> Non
 
 
 @click.command("status")
-@api_options(namespaced=True)
+@api_options(namespaced=True, namespace_help=_NS_HELP)
 @OUTPUT
 @_WATCH
 @_AGENT_NAMESPACE
@@ -380,12 +380,12 @@ def status_command(
 ) -> None:
     """Every device that is Unhealthy/Unknown or tainted, and the pods using it.
 
-    Devices are cluster-scoped and all listed; ``-n``/``-A`` choose whose pods are
-    shown using them (default: the context's namespace). A header names the server, its
+    Devices are cluster-scoped and all listed; -n/-A choose whose pods are shown using
+    them (default: the context's namespace). A header names the server, its
     DeviceTaintRule API and the controller's remediation mode; a "Remediation" block
     after the table shows the controller's guard rails: the circuit breaker, devices
     that need a human, operator holds, degraded devices, burn-in and repairs (both on
-    stderr with machine output, where each row carries its device's ``remediation``
+    stderr with machine output, where each row carries its device's "remediation"
     state). Exits 3 when a pod listed uses a device that is Unhealthy, Unknown or under
     a NoExecute taint.
     """
@@ -456,7 +456,7 @@ def pods_command(access: Access, output: Output, watch: bool) -> None:
     """Per pod: its devices and their health, as the pod status shows it (else as the
     driver's claim condition does).
 
-    ``-o wide`` names the source of each health. Exits 3 when a pod listed has a device
+    -o wide names the source of each health. Exits 3 when a pod listed has a device
     that is Unhealthy or Unknown.
     """
     if watch:
@@ -580,9 +580,9 @@ def history_command(access: Access, device: str, controller_ns: str | None, outp
 
     A device is cluster-scoped: its Events are read in every namespace the reader may
     list (else in the context's namespace, and a note says so). The controller's actions
-    are shown in words (``needs a human``, ``repair (failed)``, ``circuit breaker``...;
-    machine output keeps the action as written in ``what`` and adds ``label``), and a
-    ``now:`` line says what the controller holds of the device today (on stderr with
+    are shown in words ("needs a human", "repair (failed)", "circuit breaker"...;
+    machine output keeps the action as written in "what" and adds "label"), and a
+    "now:" line says what the controller holds of the device today (on stderr with
     machine output). The controller's namespace is found from its ConfigMaps.
     """
     from drahealth.cli._remediation import history_line, read_remediation_state
