@@ -96,7 +96,7 @@ def test_a_broken_file_in_the_list_is_named(
         (env / name).write_text(text)
     good = _write(env / "good", _config({"g": ("https://g:6443", None)}, current="g"))
     paths = [env / "a", good] if files else [env / "a", env / "b"]
-    with pytest.raises(KubeConfigError, match=None) as info:
+    with pytest.raises(KubeConfigError) as info:
         merge_kubeconfigs(paths)
     assert fragment in str(info.value)
 
@@ -136,3 +136,61 @@ def test_config_errors_are_one_line_usage_errors_naming_what_to_check(env: Path)
     )
     code, out = _probe([], {"KUBECONFIG": str(env / "missing")})
     assert code == 2 and out.startswith("error: $KUBECONFIG=") and len(out.splitlines()) == 1
+
+
+class _Lister:
+    """Answers the controller search: ConfigMaps by name, or 403 for all of them."""
+
+    def __init__(self, found: dict[str, list[str]] | None) -> None:
+        self.found = found
+
+    def list(self, _kind: Any, *, namespace: str, fields: dict[str, str]) -> list[Any]:
+        from lightkube import ApiError
+        from lightkube.models.meta_v1 import ObjectMeta
+        from lightkube.resources.core_v1 import ConfigMap
+
+        assert namespace == "*"
+        if self.found is None:
+            response = type("R", (), {"json": lambda self: {"code": 403, "message": "no"}})()
+            raise ApiError(response=response)  # type: ignore[arg-type]
+        name = fields["metadata.name"]
+        return [
+            ConfigMap(metadata=ObjectMeta(name=name, namespace=ns))
+            for ns in self.found.get(name, [])
+        ]
+
+
+@pytest.mark.parametrize(
+    ("found", "explicit", "chosen", "said"),
+    [
+        ({"drahealth-remediation-state": ["ops"]}, None, "ops", ""),
+        ({"drahealth-remediation-history": ["ops"]}, None, "ops", ""),
+        ({}, None, "ml", ""),  # no controller ran: the context's namespace
+        ({"drahealth-remediation-state": ["a", "ml"]}, None, "ml", "found in a, ml; using ml"),
+        ({"drahealth-remediation-state": ["a", "b"]}, None, "a", "found in a, b; using a"),
+        (None, None, "ml", "cannot list ConfigMaps in every namespace"),
+        (None, "given", "given", ""),  # the flag wins, nothing is asked
+    ],
+)
+def test_the_controllers_namespace_is_found(
+    env: Path,
+    found: dict[str, list[str]] | None,
+    explicit: str | None,
+    chosen: str,
+    said: str,
+) -> None:
+    from drahealth.cli._access import controller_namespace
+
+    kc = _write(env / "kc", _config({"c": ("https://a:6443", "ml")}, current="c"))
+    notes: list[str] = []
+    got = controller_namespace(
+        _Lister(found),  # type: ignore[arg-type]
+        explicit,
+        Access(str(kc)),
+        notes.append,
+        flag="-n",
+    )
+    assert got == chosen
+    assert (said in " ".join(notes)) if said else notes == []
+    if notes:
+        assert notes[0].endswith("(give -n)")
