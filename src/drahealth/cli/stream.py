@@ -39,7 +39,7 @@ def stream_command(socket: str, once: bool, output: str) -> None:
         asyncio.run(_stream(socket, once, output))
 
 
-@click.command("watch", hidden=True, deprecated=False)
+@click.command("watch", hidden=True)
 @_SOCKET
 @_ONCE
 @_OUTPUT
