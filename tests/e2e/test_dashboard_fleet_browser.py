@@ -74,7 +74,7 @@ async def test_a_fleet_of_8000_devices(server: APIServer, client: AsyncClient) -
             await page.wait_for_selector("#live.on", timeout=30_000)
             await until_shown(page, 1000)
             summary = await page.locator("#summary").inner_text()
-            assert summary.startswith("1000 nodes, 8000 devices, 1 not healthy"), summary
+            assert summary.startswith("1000 nodes, 8000 devices, 1 unhealthy"), summary
             assert await page.locator(".device").count() == 0  # no node opened yet
             bad = page.locator('tr.node-row[data-node="node-0007"]')
             assert await bad.get_attribute("data-unhealthy") == "1"
@@ -94,7 +94,7 @@ async def test_a_fleet_of_8000_devices(server: APIServer, client: AsyncClient) -
             cell = page.locator(f'.device[data-key="{key(500, 5)}"]')
             await cell.wait_for(timeout=5_000)
             assert await page.locator(".device").count() == 1
-            assert "NOT HEALTHY" in await cell.inner_text()  # in words, not only colour
+            assert "UNHEALTHY" in await cell.inner_text()  # in words, not only colour
             assert "bad=1" in page.url and "open=node-0500" in page.url
 
             # the link reproduces the view: reloaded, and in a new page
@@ -146,7 +146,7 @@ async def test_a_fleet_of_8000_devices(server: APIServer, client: AsyncClient) -
             detail = await page.locator("#detail").inner_text()
             assert "disruption budget" in detail and fleet.blocked in detail
             legend = await page.locator("#legend").inner_text()
-            for words in ("Healthy", "NOT HEALTHY", "Unknown", "EVICTING", "PDB-BLOCKED"):
+            for words in ("Healthy", "UNHEALTHY", "Unknown", "EVICTING", "PDB-BLOCKED"):
                 assert words in legend
             assert await page.locator(".device").count() == 24  # three open nodes
 
