@@ -81,3 +81,43 @@ async def test_banner_markers_and_legend(client: AsyncClient) -> None:
             await browser.close()
     finally:
         await dashboard.stop()
+
+
+async def test_a_hostile_link_is_bounded_and_shown_as_text(client: AsyncClient) -> None:
+    """The view comes from the URL's fragment, which anyone can write into a link: markup
+    stays text, long values are cut, at most 50 nodes open, and the page still works."""
+    from playwright.async_api import async_playwright
+
+    await scenario(client)
+    dashboard = Dashboard(client)
+    url = await dashboard.start()
+    evil = "%3Cimg%20src%3Dx%20onerror%3Dalert(1)%3E"
+    fragment = (
+        f"#driver={evil}&q={'q' * 10_000}&open="
+        + ",".join(f"n{i}" for i in range(5_000))
+        + f"&device={'d' * 5_000}&bad=%ff"
+    )
+    try:
+        async with async_playwright() as p:
+            browser = await p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            page = await browser.new_page()
+            dialogs: list[str] = []
+            page.on("dialog", lambda d: dialogs.append(d.message))
+            await page.goto(url + fragment)
+            await page.wait_for_selector("#live.on", timeout=10_000)
+            assert len(await page.input_value("#f-q")) == 200
+            assert await page.evaluate("view.open.size") == 50
+            assert await page.evaluate("view.device.length") <= 761
+            assert not await page.is_checked("#f-bad")
+            options = await page.locator("#f-driver option").all_inner_texts()
+            assert "<img src=x onerror=alert(1)>" in options  # an option's text, not markup
+            assert await page.locator("img").count() == 0
+            # nothing matches that driver: the page says so; clearing the filters shows it all
+            await page.wait_for_selector("#empty:not([hidden])", timeout=5_000)
+            await page.goto(url + "#")
+            await page.reload()
+            await page.wait_for_selector(f'.device[data-key="{GPU[1]}"]', timeout=10_000)
+            assert dialogs == []
+            await browser.close()
+    finally:
+        await dashboard.stop()
