@@ -94,9 +94,7 @@ class Timeline:
     def __len__(self) -> int:
         return len(self._devices)
 
-    def observe(
-        self, devices: Iterable[JSON], now: float
-    ) -> tuple[list[str], JSON | None, bool]:
+    def observe(self, devices: Iterable[JSON], now: float) -> tuple[list[str], JSON | None, bool]:
         """Record a snapshot's devices; the keys whose timeline grew, the new sample (None
         when the counts did not change) and whether it replaced the last one."""
         changed: list[str] = []
