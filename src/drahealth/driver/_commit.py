@@ -81,14 +81,14 @@ class GroupCommit:
 
     async def _write_all(self) -> None:
         try:
-            # One loop turn first: a caller woken by the lock its predecessor just
-            # released applies its change before the snapshot and shares this write.
+            # One loop turn first: changes from tasks that are ready now (callers
+            # woken meanwhile, the other kind of batch) share this write.
             await asyncio.sleep(0)
             while self._waiters:
                 self._inflight_waiters, self._waiters = self._waiters, []
                 self._inflight = snapshot = self._claims
                 try:
-                    data = self._checkpoint.encode(snapshot)  # on the loop: no GIL ping-pong
+                    data = self._checkpoint.encode(snapshot)  # cheap, on the loop
                     await asyncio.to_thread(self._checkpoint.write, data)
                 except Exception as exc:
                     self._claims = self._durable

@@ -685,24 +685,29 @@ class _Batches:
         return await done
 
     async def _run_batches(self) -> None:
+        batch: list[tuple[Sequence[Any], asyncio.Future[dict[str, Any]]]] = []
         try:
             while self._queue:
-                async with self._serialized():
-                    batch, self._queue = self._queue, []
-                    merged = list({i.uid: i for items, _ in batch for i in items}.values())
-                    try:
+                try:
+                    async with self._serialized():
+                        batch, self._queue = self._queue, []
+                        merged = list({i.uid: i for items, _ in batch for i in items}.values())
                         results, settle = await self._locked(merged)
-                    except Exception as exc:
-                        _fail(batch, exc)
-                        continue
+                except Exception as exc:  # the lock (its flock) or a bug: fail, go on
+                    if not batch:
+                        batch, self._queue = self._queue, []
+                    _fail(batch, exc)
+                    batch = []
+                    continue
                 if settle is None:
                     _answer(batch, results)
-                    continue
-                task = asyncio.create_task(self._settle(batch, results, settle))
-                self._answering.add(task)
-                task.add_done_callback(self._answering.discard)
+                else:
+                    task = asyncio.create_task(self._settle(batch, results, settle))
+                    self._answering.add(task)
+                    task.add_done_callback(self._answering.discard)
+                batch = []
         except BaseException as exc:  # cancelled with the loop: no caller may hang
-            _fail(self._queue, exc)
+            _fail([*batch, *self._queue], exc)
             self._queue = []
             raise
         finally:
@@ -716,6 +721,9 @@ class _Batches:
     ) -> None:
         try:
             await settle()
+        except Exception as exc:  # settle reports write errors per claim: this is a bug
+            _fail(batch, exc)
+            return
         except BaseException as exc:
             _fail(batch, exc)
             raise

@@ -635,3 +635,30 @@ async def test_a_cancelled_caller_does_not_cancel_its_batch(short_dir: str) -> N
     # asked again, the claim is answered from the checkpoint without the driver
     assert (await p.prepare([ref(b)]))["ub"].error is None
     assert len(driver.prepare_calls) == 2
+
+
+async def test_a_failing_batch_fails_its_callers_and_the_next_batch_runs() -> None:
+    from drahealth.driver._prepare import _Batches
+
+    lock = asyncio.Lock()
+    seen: list[list[str]] = []
+
+    async def locked(items: Sequence[Any]) -> tuple[dict[str, Any], None]:
+        seen.append([i.uid for i in items])
+        await asyncio.sleep(0.01)
+        if any(i.uid == "bad" for i in items):
+            raise RuntimeError("bug in the batch")
+        return {i.uid: f"ok {i.uid}" for i in items}, None
+
+    batches = _Batches(locked, lambda: lock, serialize=True)
+    first = asyncio.create_task(batches.run([ClaimRef("ns", "a", "a")]))
+    await asyncio.sleep(0)  # the first batch runs; the next two queue behind it
+    bad = asyncio.create_task(batches.run([ClaimRef("ns", "b", "bad")]))
+    other = asyncio.create_task(batches.run([ClaimRef("ns", "c", "c")]))
+    assert await first == {"a": "ok a"}
+    with pytest.raises(RuntimeError, match="bug in the batch"):
+        await bad
+    with pytest.raises(RuntimeError, match="bug in the batch"):  # same batch
+        await other
+    assert await batches.run([ClaimRef("ns", "d", "d")]) == {"d": "ok d"}
+    assert seen == [["a"], ["bad", "c"], ["d"]]
