@@ -6,8 +6,9 @@ content; short writes are continued and a write that makes no progress is an err
 so a full disk never replaces a good file with a cut-off one) with its primitives
 :func:`write_all` and :func:`fsync_dir`, :func:`quarantine` (move a corrupt file
 aside so nothing is lost and the next start begins clean), a small versioned,
-checksummed JSON envelope (:func:`dump_envelope` / :func:`load_envelope`) for state
-files that are rewritten whole, and the checksummed line of append-only logs
+checksummed JSON envelope (:func:`dump_envelope`, or
+:func:`envelope_from_canonical` on one line / :func:`load_envelope`) for state files
+that are rewritten whole, and the checksummed line of append-only logs
 (:func:`checksummed_line` / :func:`read_checksummed_line`).
 
 Line format (one record per line)::
@@ -131,22 +132,17 @@ def checksum(body: Any) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(body)).hexdigest()
 
 
-def dump_envelope(version: int, key: str, body: Any, *, compact: bool = False) -> bytes:
-    """The envelope bytes for ``body`` (indented JSON, trailing newline).
-
-    ``compact``: one line, with ``body`` as its canonical JSON (encoded once, for the
-    checksum and the content): about five times cheaper than indented JSON, whose
-    encoder is pure Python. Both read back the same with :func:`load_envelope`.
-    """
-    if not compact:
-        doc = {"version": version, "checksum": checksum(body), key: body}
-        return json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False).encode() + b"\n"
-    return envelope_from_canonical(version, key, canonical_json(body))
+def dump_envelope(version: int, key: str, body: Any) -> bytes:
+    """The envelope bytes for ``body`` (indented JSON, trailing newline)."""
+    doc = {"version": version, "checksum": checksum(body), key: body}
+    return json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=False).encode() + b"\n"
 
 
 def envelope_from_canonical(version: int, key: str, canonical: bytes) -> bytes:
-    """The compact envelope (see :func:`dump_envelope`) around a body given as its
-    canonical JSON bytes, for writers that build those bytes from cached parts."""
+    """The envelope bytes, on one line, around a body given as its canonical JSON (the
+    bytes the checksum covers), for writers that build those bytes from cached parts:
+    no JSON encoding of the body here (indented JSON uses Python's pure-Python encoder,
+    about five times slower). :func:`load_envelope` reads both forms."""
     head = {"checksum": "sha256:" + hashlib.sha256(canonical).hexdigest(), "version": version}
     fields = {name: json.dumps(value).encode() for name, value in head.items()}
     fields[key] = canonical
