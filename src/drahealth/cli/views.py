@@ -29,6 +29,7 @@ import contextlib
 import json
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -486,32 +487,52 @@ def _watch(access: Access, listing: Callable[[], Listing]) -> None:
     RFC 3339, so no ages) differs from the last one printed.
 
     Ends with exit 0 on Ctrl-C or SIGTERM, from the first listing on; a watch that
-    breaks is opened again.
+    breaks is opened again. A signal never interrupts a request: it is noted, and the
+    command stops at the next step (at the latest when the listing under way ends).
     """
+    stopping = threading.Event()
 
-    def stop(_signum: int, _frame: Any) -> None:
-        raise KeyboardInterrupt
+    def note_stop(_signum: int, _frame: Any) -> None:
+        stopping.set()
 
     async def main(shown: Any, sources: list[tuple[str, str | None]]) -> None:
         loop = asyncio.get_running_loop()
-        me = asyncio.current_task()
-        assert me is not None
+        stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, me.cancel)
+            loop.add_signal_handler(sig, stop.set)
+        if stopping.is_set():  # a signal before the handlers above were in place
+            return
         changed = asyncio.Event()
         client = access.async_client()
-        served = await asyncio.to_thread(_served_for_watch, access)
-        tasks = [
-            asyncio.create_task(_follow(client, served, kind, namespace, changed))
-            for kind, namespace in dict.fromkeys(sources)
-        ]
+        tasks: list[asyncio.Task[None]] = []
         last = _key(shown)
+
+        async def until_stopped(seconds: float | None) -> bool:
+            """Wait for ``changed`` (or ``seconds``); True when asked to stop."""
+            waits = {asyncio.create_task(stop.wait())}
+            if seconds is None:
+                waits.add(asyncio.create_task(changed.wait()))
+            _, pending = await asyncio.wait(
+                waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED
+            )
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            return stop.is_set()
+
         try:
-            while True:
-                await changed.wait()
-                await asyncio.sleep(COALESCE_SECONDS)
+            served = await asyncio.to_thread(_served_for_watch, access)
+            tasks += [
+                asyncio.create_task(_follow(client, served, kind, namespace, changed))
+                for kind, namespace in dict.fromkeys(sources)
+            ]
+            while not await until_stopped(None):
+                if await until_stopped(COALESCE_SECONDS):
+                    break
                 changed.clear()
                 key, show, _ = await asyncio.to_thread(listing)
+                if stop.is_set():
+                    break
                 if _key(key) != last:
                     last = _key(key)
                     click.echo("")
@@ -522,14 +543,17 @@ def _watch(access: Access, listing: Callable[[], Listing]) -> None:
             await asyncio.gather(*tasks, return_exceptions=True)
             await client.close()
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    previous = {sig: signal.signal(sig, note_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
+        with contextlib.suppress(KeyboardInterrupt):  # a last resort: exit 0 all the same
             first, show, sources = listing()
+            if stopping.is_set():
+                return
             show()
             asyncio.run(main(first, sources))
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _key(rows: Any) -> str:
