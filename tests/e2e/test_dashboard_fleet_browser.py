@@ -130,6 +130,23 @@ async def test_a_fleet_of_8000_devices(server: APIServer, client: AsyncClient) -
             await page.fill("#f-q", "")
             await until_shown(page, 1000)
 
+            # sorted by most unhealthy (kept in the URL); a node with new faults moves up, live
+            first = "document.querySelector('tr.node-row').dataset.node"
+            await page.select_option("#f-sort", "unhealthy")
+            await page.wait_for_function(f"{first} === 'node-0007'", timeout=10_000)
+            assert "sort=unhealthy" in page.url
+            for device in (2, 3):
+                await set_health(client, fleet, 900, device, "Unhealthy")
+            await page.wait_for_function(f"{first} === 'node-0900'", timeout=10_000)
+            for device in (2, 3):
+                await set_health(client, fleet, 900, device, "Healthy")
+            await page.wait_for_function(f"{first} === 'node-0007'", timeout=10_000)
+            await page.select_option("#f-sort", "")
+            await page.wait_for_function(f"{first} === 'node-0000'", timeout=10_000)
+            await page.keyboard.press("/")  # jumps to the search, as in k9s
+            assert await page.evaluate("document.activeElement.id") == "f-q"
+            await page.keyboard.press("Escape")
+
             # pods on devices, eviction, a PDB that blocks it, the taint: in words
             await page.click("#collapse")
             for i in (1, 2, 3):
@@ -154,13 +171,14 @@ async def test_a_fleet_of_8000_devices(server: APIServer, client: AsyncClient) -
             # timelines and counts over their caps
             before = await dom_nodes(page, "#fleet *")  # the rows and the open nodes' devices
             heap_before = await heap_mb(page, cdp)
-            for n in range(12):
-                await set_health(client, fleet, 3, 0, "Unhealthy" if n % 2 == 0 else "Healthy")
+            for n in range(7):  # each change seen before the next: no two coalesced into one
+                health = "Healthy" if n % 2 else "Unhealthy"
                 await set_health(client, fleet, 600 + n, 1, "Unknown" if n % 2 else "Unhealthy")
-            await set_health(client, fleet, 3, 0, "Unhealthy", "last")
-            await page.wait_for_function(
-                "document.querySelector('#detail').innerText.includes('last')", timeout=10_000
-            )
+                await set_health(client, fleet, 3, 0, health, f"change {n}")
+                await page.wait_for_function(
+                    f"document.querySelector('#detail').innerText.includes('change {n}')",
+                    timeout=10_000,
+                )
             await page.wait_for_function(
                 "document.querySelectorAll('#timeline tr').length === 4", timeout=10_000
             )
