@@ -320,8 +320,9 @@ class Dashboard:
 
     def _refresh(self) -> None:
         """Publish what changed since the last state: a full pass when anything but an
-        agent's record changed (or every :data:`FULL_EVERY` seconds, for holds that
-        expire), else only the devices whose record changed."""
+        agent's record changed (and at least every :data:`FULL_EVERY` seconds, even when
+        nothing did, for operator holds that expire), else only the devices whose record
+        changed."""
         r = self.reflectors
         now = time.time()
         records = self._agent_records()
@@ -435,7 +436,11 @@ class Dashboard:
 
     async def _loop(self) -> None:
         while True:
-            await self._dirty.wait()
+            try:
+                async with asyncio.timeout(FULL_EVERY):
+                    await self._dirty.wait()
+            except TimeoutError:  # quiet: a full pass, for operator holds that expire
+                self._full = True
             await asyncio.sleep(0.05)  # coalesce a burst of watch events
             self._dirty.clear()
             try:

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import aiohttp
+import pytest
 from lightkube import AsyncClient
 from lightkube.resources.core_v1 import ConfigMap
 from lightkube.types import PatchType
@@ -143,3 +144,29 @@ def test_snapshot_of_a_large_fleet_stays_fast_and_small_page_wide() -> None:
     assert len(json.dumps(out["remediation"])) < 2000
     cells = out["nodes"][0]["devices"]
     assert sum(1 for d in cells if d["remediation"].get("markers")) == 2000
+
+
+async def test_an_expiring_hold_leaves_the_page_without_any_change_in_the_api(
+    client: AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Holds end with time, not with an API event: the periodic full pass shows it."""
+    import drahealth.web._server as server_module
+
+    monkeypatch.setattr(server_module, "FULL_EVERY", 0.5)
+    await scenario(client)
+    until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 3))
+    holds = {GPU[0]: {"until": until, "by": "alice", "reason": "short"}}
+    await write_state(client, {"holds": json.dumps(holds)})
+    dashboard = Dashboard(client)
+    url = await dashboard.start()
+    try:
+        async with aiohttp.ClientSession() as http, http.get(url + "api/events") as stream:
+            follow = Follower(stream)
+            state = await follow.next()
+            assert markers(state).get("gpu-0") == ["HELD"]
+            while markers(state).get("gpu-0"):
+                state = await asyncio.wait_for(follow.next(), 10)
+            gpu0 = next(d for d in state["nodes"][0]["devices"] if d["device"] == "gpu-0")
+            assert gpu0["remediation"]["hold"]["expired"] is True
+    finally:
+        await dashboard.stop()
