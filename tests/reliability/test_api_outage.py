@@ -60,6 +60,7 @@ async def until(check: Callable[[], Any], within: float, what: str) -> float:
         await asyncio.sleep(0.1)
 
 
+@pytest.mark.slow  # about 40 s on 2 cores: CI runs it in its slow step
 async def test_agent_and_controller_catch_up_after_an_api_outage(
     launch: Callable[..., Any], base: str
 ) -> None:

@@ -227,6 +227,7 @@ async def health_flows(
     return bad, good
 
 
+@pytest.mark.slow  # about 50 s on 2 cores: CI runs it in its slow step
 async def test_sigkill_during_prepares_then_restart(
     launch: Callable[..., Any],
     cluster: tuple[AsyncClient, str],

@@ -124,6 +124,7 @@ def test_registration_info(raw: bytes, socket: str) -> None:
 _dir = tempfile.mkdtemp(prefix="dh-fuzz-")
 
 
+@pytest.mark.slow  # 30 s+ on 2 cores: CI runs it in its slow step
 @fuzz
 @given(st.one_of(st.binary(max_size=400), st.text(max_size=400).map(str.encode)))
 def test_health_log_files(raw: bytes) -> None:
@@ -140,6 +141,7 @@ def test_health_log_files(raw: bytes) -> None:
         os.unlink(os.path.join(_dir, name))
 
 
+@pytest.mark.slow  # 30 s+ on 2 cores: CI runs it in its slow step
 @fuzz
 @given(st.one_of(st.binary(max_size=300), st.builds(lambda v: json.dumps(v).encode(), st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=8),
@@ -164,6 +166,7 @@ _yaml_words = st.sampled_from([
 ])  # fmt: skip
 
 
+@pytest.mark.slow  # 15 s+ on 2 cores: CI runs it in its slow step
 @fuzz
 @given(st.one_of(st.text(max_size=200), st.lists(_yaml_words, max_size=10).map("".join)))
 def test_policy_files(text: str) -> None:
@@ -182,6 +185,7 @@ _probe_entries = st.lists(
 )
 
 
+@pytest.mark.slow  # 30 s+ on 2 cores: CI runs it in its slow step
 @fuzz
 @given(
     st.one_of(

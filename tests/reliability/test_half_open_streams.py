@@ -296,6 +296,7 @@ async def until(
         await asyncio.sleep(0.02)
 
 
+@pytest.mark.slow  # about 30 s on 2 cores: CI runs it in its slow step
 async def test_half_open_streams_are_cancelled_and_reopened_without_leaks() -> None:
     base = tempfile.mkdtemp(dir="/tmp", prefix="dho-")
     reg = f"{base}/reg"
