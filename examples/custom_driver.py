@@ -9,10 +9,10 @@ NoSchedule taint on a latched-faulty card, the control socket ``drahealth inject
 talks to, ``/metrics`` (``--metrics-port``) and a clean stop on SIGTERM/SIGINT. The
 driver itself is the probe below and a prepare that names the allocated cards.
 
-It needs 8 names of drahealth: ``start``, ``PluginOptions``, ``Pool``, ``HealthHub``,
-``DeviceReport``, ``PrepareResult``, ``PreparedDevice`` (``drahealth.driver``) and
-``Health`` (``drahealth.core``); devices are lightkube's ``resource.k8s.io/v1``
-``Device`` model.
+It needs 7 names of the toolkit: ``start``, ``PluginOptions``, ``Pool``, ``HealthHub``,
+``DeviceReport``, ``PrepareResult``, ``PreparedDevice`` (``drahealth.driver``), plus
+``Health`` (``drahealth.core``) and, for API access, ``make_client`` (``drahealth.kube``);
+devices are lightkube's ``resource.k8s.io/v1`` ``Device`` model.
 
     python examples/custom_driver.py --base /tmp/fpga       # no API access
     touch /tmp/fpga/faults/fpga-2                            # fault: Unhealthy (latched)
