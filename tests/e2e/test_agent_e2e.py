@@ -295,6 +295,7 @@ async def test_kubelet_mode_end_to_end(
     assert exists(f"{agent.state}/claims.json")
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: CI runs it in its slow step
 async def test_rolling_update_never_shows_a_wrong_health(
     processes: list[DriverProcess],
     start_agent: Callable[..., Any],

@@ -40,6 +40,7 @@ __all__ = ["api_server_options", "client"]
 
 pytestmark = [
     pytest.mark.timeout(240),
+    pytest.mark.slow,  # 8,000 devices in Chromium, 15-20 s: CI runs it in its slow step
     pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="Debian chromium is not installed"),
 ]
 ROWS = "tr.node-row:not([hidden])"

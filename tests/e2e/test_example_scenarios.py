@@ -297,6 +297,7 @@ def test_batch_job_completes(demo: Demo) -> None:
     assert table[5:8] == ["batch", "Complete", "3/3"]
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: CI runs it in its slow step
 def test_training_job_survives_a_device_failure(demo: Demo) -> None:
     """The training Job's pod is evicted from a GPU that fell off the bus (the
     remediation controller's NoExecute taint, the eviction controller's

@@ -29,7 +29,8 @@ PACKAGE = ROOT / "src" / "drahealth"
 DEFAULT_INDEX = "https://pypi.org/simple/"
 
 #: about a minute on two cores (build, install, demo): in the default run
-pytestmark = pytest.mark.timeout(900)
+# a wheel build, a clean venv and a demo run (30-80 s): CI runs it in its slow step
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 
 def _run(args: list[str], timeout: float, **kw: object) -> subprocess.CompletedProcess[str]:

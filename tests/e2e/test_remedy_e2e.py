@@ -151,6 +151,7 @@ async def wait_rules(
         await asyncio.sleep(0.02)
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: CI runs it in its slow step
 async def test_fault_taint_recovery_and_leader_handover(
     launch: Callable[..., Any],
     start_agent: Callable[..., Any],

@@ -108,6 +108,7 @@ async def job_pods(client: AsyncClient, job: str) -> list[dict[str, Any]]:
     ]
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: CI runs it in its slow step
 async def test_job_survives_an_eviction_without_spending_its_backoff_limit(
     cluster: tuple[LocalCluster, AsyncClient],
 ) -> None:

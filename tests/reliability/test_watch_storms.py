@@ -48,7 +48,8 @@ from tests.e2e.test_agent_e2e import AgentProcess, make_pod, wait_health
 from tests.integration.driver.test_sample_driver import NODE, DriverProcess, inject
 from tests.reliability.test_half_open_streams import until
 
-pytestmark = pytest.mark.timeout(90)
+# 10-20 s each: CI runs them in its slow step
+pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
 
 STORM = 60  # consecutive 410s, the first on the established watch
 BACKOFF_INITIAL = 0.05

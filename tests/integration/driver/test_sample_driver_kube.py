@@ -378,6 +378,7 @@ async def test_sigkill_mid_prepare_then_restart(
     assert await again.stop() == 0
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: CI runs it in its slow step
 async def test_claim_status_flag_writes_device_health_into_the_claim(
     launch: Callable[..., Any], kube: AsyncClient, kubeconfig: str
 ) -> None:
