@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import getpass
 import os
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +45,8 @@ __all__ = [
     "api_options",
     "controller_namespace",
     "find_controller_namespaces",
+    "operator_identity",
+    "request_namespace",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -278,3 +282,29 @@ def controller_namespace(
     chosen = fallback if fallback in found else found[0]
     note(f"remediation controllers found in {', '.join(found)}; using {chosen} (give {flag})")
     return chosen
+
+
+def request_namespace(access: Access) -> str:
+    """Where an operator's request to the controller goes (``clear``, ``resume``,
+    ``untaint``): ``-n``, else the controller's namespace found from its ConfigMaps; a
+    note on stderr says when the choice was not clear-cut."""
+    client = access.sync_client()
+    try:
+        return controller_namespace(
+            client,
+            access.namespace,
+            access,
+            lambda m: click.echo(f"note: {m}", err=True),
+            flag="-n",
+        )
+    finally:
+        client.close()
+
+
+def operator_identity() -> str:
+    """Who an operator's request says it is from: ``user@host``."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "operator"
+    return f"{user}@{socket.gethostname()}"

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import getpass
-import socket
 from typing import Any, Final
 
 import click
@@ -25,7 +23,7 @@ import click
 from drahealth._api_failures import CommandError
 from drahealth._text import printable
 from drahealth._time import now_rfc3339_micro
-from drahealth.cli._access import Access, api_options, controller_namespace
+from drahealth.cli._access import Access, api_options, operator_identity, request_namespace
 from drahealth.core import DeviceKey
 
 __all__ = ["clear_command", "clear_lines"]
@@ -42,29 +40,6 @@ def _device(_ctx: click.Context, _param: click.Parameter, value: str) -> DeviceK
         raise click.BadParameter(
             f"{value!r} must be DRIVER/POOL/DEVICE, e.g. gpu.example.com/node-1/gpu-0"
         ) from exc
-
-
-def _namespace(access: Access) -> str:
-    """The controller's namespace: ``-n``, else found from its ConfigMaps."""
-    client = access.sync_client()
-    try:
-        return controller_namespace(
-            client,
-            access.namespace,
-            access,
-            lambda m: click.echo(f"note: {m}", err=True),
-            flag="-n",
-        )
-    finally:
-        client.close()
-
-
-def _who() -> str:
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "operator"
-    return f"{user}@{socket.gethostname()}"
 
 
 def clear_lines(device: DeviceKey, state: dict[str, Any]) -> list[str]:
@@ -120,7 +95,7 @@ def clear_command(
 
     if len(reason) > MAX_REASON:
         raise click.BadParameter(f"at most {MAX_REASON} characters", param_hint="--reason")
-    request = {"at": now_rfc3339_micro(), "by": by or _who()}
+    request = {"at": now_rfc3339_micro(), "by": by or operator_identity()}
     if reason:
         request["reason"] = reason
 
@@ -143,7 +118,7 @@ def clear_command(
             await client.close()
 
     with access.failures():
-        namespace = _namespace(access)
+        namespace = request_namespace(access)
     with access.failures(f"configmaps in {namespace}"):
         state = asyncio.run(run())
     for line in clear_lines(device, state):

@@ -12,8 +12,6 @@ Exit codes: 0 done, 1 API error or API unreachable (one ``error:`` line), 2 usag
 from __future__ import annotations
 
 import asyncio
-import getpass
-import socket
 from typing import Any
 
 import click
@@ -21,7 +19,7 @@ import click
 from drahealth._api_failures import CommandError
 from drahealth._text import printable
 from drahealth._time import now_rfc3339_micro
-from drahealth.cli._access import Access, api_options, controller_namespace
+from drahealth.cli._access import Access, api_options, operator_identity, request_namespace
 
 __all__ = ["resume_command", "resume_lines"]
 
@@ -62,29 +60,6 @@ def resume_lines(breaker: Any, shown: int = SHOWN) -> list[str]:
     return lines
 
 
-def _namespace(access: Access) -> str:
-    """The controller's namespace: ``-n``, else found from its ConfigMaps."""
-    client = access.sync_client()
-    try:
-        return controller_namespace(
-            client,
-            access.namespace,
-            access,
-            lambda m: click.echo(f"note: {m}", err=True),
-            flag="-n",
-        )
-    finally:
-        client.close()
-
-
-def _who() -> str:
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "operator"
-    return f"{user}@{socket.gethostname()}"
-
-
 @click.command("resume")
 @api_options(
     namespaced="The remediation controller's namespace [default: found from its ConfigMaps, "
@@ -98,7 +73,7 @@ def resume_command(access: Access, by: str | None, dry_run: bool) -> None:
 
     from drahealth.remedy import ControlError, read_state, send_request
 
-    request = {"at": now_rfc3339_micro(), "by": by or _who()}
+    request = {"at": now_rfc3339_micro(), "by": by or operator_identity()}
 
     async def run() -> Any:
         client: AsyncClient = access.async_client("drahealth-resume")
@@ -114,7 +89,7 @@ def resume_command(access: Access, by: str | None, dry_run: bool) -> None:
             await client.close()
 
     with access.failures():
-        namespace = _namespace(access)
+        namespace = request_namespace(access)
     with access.failures(f"configmaps in {namespace}"):
         breaker = asyncio.run(run())
     for line in resume_lines(breaker):

@@ -35,9 +35,7 @@ at the version the server serves (asked once per command).
 from __future__ import annotations
 
 import asyncio
-import getpass
 import re
-import socket
 import time
 from typing import Any
 
@@ -46,7 +44,13 @@ import yaml
 from lightkube import AsyncClient
 
 from drahealth._api_failures import CommandError
-from drahealth.cli._access import DISCOVERY_HINT, Access, api_options, controller_namespace
+from drahealth.cli._access import (
+    DISCOVERY_HINT,
+    Access,
+    api_options,
+    controller_namespace,
+    operator_identity,
+)
 from drahealth.core import format_time, parse_time
 from drahealth.kube import DiscoveryError, ServedAPIs, discover, to_internal
 from drahealth.remedy import (
@@ -84,14 +88,6 @@ def hold_seconds(text: str) -> float:
     if seconds > MAX_HOLD:
         raise ValueError(f"--hold {text!r}: at most 30d (a hold must end)")
     return seconds
-
-
-def _who() -> str:
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "operator"
-    return f"{user}@{socket.gethostname()}"
 
 
 def _set_hold(device: DeviceRef, until: float, by: str, reason: str) -> Any:
@@ -278,7 +274,7 @@ def untaint_command(
             raise click.UsageError(str(exc)) from exc
     if release:
         seconds = 0.0
-    who = by or _who()
+    who = by or operator_identity()
     if len(reason) > 1024:
         raise click.UsageError("--reason: at most 1024 characters")
 
