@@ -49,7 +49,6 @@ import json
 import logging
 import os
 import socket
-import stat
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -65,6 +64,7 @@ from drahealth.driver._control_client import (
     encode_line,
 )
 from drahealth.driver._hub import DeviceReport, DeviceState, HealthHub
+from drahealth.driver._sockfile import clear_stale_socket, remove_own_socket
 
 __all__ = [
     "CONTROL_ACTIONS",
@@ -270,17 +270,8 @@ class ControlServer:
 
     async def start(self) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        try:
-            st = os.lstat(self.path)
-        except FileNotFoundError:
-            pass
-        else:
-            if not stat.S_ISSOCK(st.st_mode):
-                raise FileExistsError(
-                    f"refusing to replace {self.path}: it exists and is not a unix socket"
-                )
+        if clear_stale_socket(self.path):
             log.info("replacing existing control socket %s", self.path)
-            os.unlink(self.path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.bind(self.path)
@@ -308,12 +299,7 @@ class ControlServer:
         self._remove()
 
     def _remove(self) -> None:
-        if self._ino is None:
-            return
-        with contextlib.suppress(FileNotFoundError):
-            st = os.lstat(self.path)
-            if st.st_ino == self._ino and stat.S_ISSOCK(st.st_mode):
-                os.unlink(self.path)
+        remove_own_socket(self.path, self._ino)
         self._ino = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

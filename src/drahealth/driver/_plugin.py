@@ -25,12 +25,10 @@ Typical use::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import grp
 import logging
 import os
 import signal
-import stat
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -46,6 +44,7 @@ from drahealth.driver._prepare import ClaimPreparer, error_type_field, format_er
 from drahealth.driver._publisher import ResourceSlicePublisher
 from drahealth.driver._services import DriverServices
 from drahealth.driver._slices import DriverResources, Pool
+from drahealth.driver._sockfile import clear_stale_socket, remove_own_socket
 from drahealth.driver._taints import TaintController
 from drahealth.driver._types import (
     ClaimRef,
@@ -216,16 +215,8 @@ class _Socket:
 
     def clear(self) -> None:
         """Remove a stale socket at the path; refuse anything that is not a socket."""
-        try:
-            st = os.lstat(self.path)
-        except FileNotFoundError:
-            return
-        if not stat.S_ISSOCK(st.st_mode):
-            raise FileExistsError(
-                f"refusing to replace {self.path}: it exists and is not a unix socket"
-            )
-        log.info("removing stale socket %s", self.path)
-        os.unlink(self.path)
+        if clear_stale_socket(self.path):
+            log.info("removing stale socket %s", self.path)
 
     async def serve(self, server: grpc.aio.Server) -> None:
         self.clear()
@@ -242,12 +233,7 @@ class _Socket:
 
     def remove(self) -> None:
         """Remove the socket file if it is still the one this process bound."""
-        if self._ino is None:
-            return
-        with contextlib.suppress(FileNotFoundError):
-            st = os.lstat(self.path)
-            if st.st_ino == self._ino and stat.S_ISSOCK(st.st_mode):
-                os.unlink(self.path)
+        remove_own_socket(self.path, self._ino)
 
 
 def _resolve_gid(group: int | str | None) -> int | None:
