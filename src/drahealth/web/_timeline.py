@@ -20,6 +20,8 @@ from collections import OrderedDict, deque
 from collections.abc import Iterable
 from typing import Any
 
+from drahealth.core import EFFECT_ORDER
+
 __all__ = [
     "COUNTS",
     "MAX_DEVICES",
@@ -42,7 +44,6 @@ MAX_SAMPLES = 720
 SAMPLE_GAP = 2.0
 #: The counts of a sample, in the order the page draws them.
 COUNTS = ("healthy", "unhealthy", "unknown", "tainted", "evicting", "blocked")
-_EFFECTS = ("None", "NoSchedule", "NoExecute")
 
 
 def worst_taint(device: JSON) -> str:
@@ -56,7 +57,7 @@ def worst_taint(device: JSON) -> str:
 
 
 def _rank(effect: str) -> int:
-    return _EFFECTS.index(effect) if effect in _EFFECTS else -1
+    return EFFECT_ORDER.get(effect, -1)
 
 
 def counts(devices: Iterable[JSON]) -> dict[str, int]:
