@@ -32,9 +32,9 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from drahealth.core import Health, Signal, normalize_key, normalize_pci_address
+from drahealth.sources._latch import FaultLatch
 from drahealth.sources._pci import AerThresholds, PciDevice, PciSource
 from drahealth.sources._probe import (
     ProbeFileError,
@@ -62,12 +62,6 @@ def _number(what: str, value: object, *, minimum: float = 0.0, strict: bool = Tr
 
 def _keys(keys: Sequence[str]) -> tuple[str, ...]:
     return tuple(sorted({str(k) for k in keys if str(k)}))[:MAX_WATCHED_KEYS]
-
-
-@dataclass(slots=True)
-class _Latched:
-    message: str
-    until: float
 
 
 class PciAttachedSource:
@@ -104,7 +98,7 @@ class PciAttachedSource:
         )
         self._clock = clock
         self._addresses: tuple[str, ...] = ()
-        self._latched: dict[str, _Latched] = {}
+        self._latch = FaultLatch(self.clear_after)
         #: Values given to :meth:`watch_keys` that are no PCI address.
         self.skipped = 0
 
@@ -119,24 +113,15 @@ class PciAttachedSource:
                 found.add(address)
         self.skipped = skipped
         self._addresses = tuple(sorted(found))
-        for gone in set(self._latched) - found:
-            del self._latched[gone]
+        self._latch.keep_only(found)
 
     def poll(self) -> list[Signal]:
         now = self._clock()
         out = []
         for address in self._addresses:
             report = self._check.check(PciDevice("", address, address))
-            health, message = report.health, report.message
-            latched = self._latched.get(address)
-            if report.fatal and health is Health.UNHEALTHY:
-                until = math.inf if self.clear_after is None else now + self.clear_after
-                self._latched[address] = _Latched(message, until)
-            elif latched is not None and now < latched.until:
-                health = Health.UNHEALTHY
-                message = f"{latched.message}; {message}" if message else latched.message
-            elif latched is not None:
-                del self._latched[address]
+            fatal = bool(report.fatal) and report.health is Health.UNHEALTHY
+            health, message = self._latch.apply(address, report.health, report.message, fatal, now)
             out.append(Signal(self.by, address, health, message[:_MAX_MESSAGE]))
         return out
 

@@ -30,10 +30,10 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from drahealth.core import APPLICATION_XIDS, Health, Signal
+from drahealth.sources._latch import FaultLatch
 from drahealth.sources._nvml import (
     GpuDevice,
     NvmlSource,
@@ -53,12 +53,6 @@ _THRESHOLDS = NvmlThresholds()  # frozen: one default shared
 
 class NvmlUnavailable(RuntimeError):
     """NVML cannot be used on this node (the message says why)."""
-
-
-@dataclass(slots=True)
-class _Held:
-    message: str
-    until: float
 
 
 def _is_number(value: object) -> bool:
@@ -114,7 +108,7 @@ class NvmlAttachedSource:
         self._clock = clock
         self._source: NvmlSource | None = None
         self._keys: dict[str, str] = {}  # GPU UUID -> the Signal's key value
-        self._held: dict[str, _Held] = {}
+        self._latch = FaultLatch(clear_after)
         self._no_library = False
 
     @property
@@ -134,17 +128,8 @@ class NvmlAttachedSource:
         now = self._clock()
         out: list[Signal] = []
         for r in reports:
-            health, message = r.health, r.message
-            held = self._held.get(r.device)
-            fatal = health is Health.UNHEALTHY and r.fatal is not False  # None: Unhealthy is
-            if fatal and self.clear_after != 0:
-                until = math.inf if self.clear_after is None else now + self.clear_after
-                self._held[r.device] = _Held(message, until)
-            elif held is not None and now < held.until:
-                health = Health.UNHEALTHY
-                message = f"{held.message}; {message}" if message else held.message
-            elif held is not None:
-                del self._held[r.device]
+            fatal = r.health is Health.UNHEALTHY and r.fatal is not False  # None: Unhealthy is
+            health, message = self._latch.apply(r.device, r.health, r.message, fatal, now)
             message = message[:_MAX_MESSAGE]
             value = self._keys[r.device]
             out.append(Signal(self.by, value, health, message))
