@@ -30,14 +30,14 @@ start begins empty because the bad file is out of the way).
 from __future__ import annotations
 
 import enum
+import json.encoder
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from drahealth._durable import (
     atomic_write,
-    canonical_json,
     envelope_from_canonical,
     load_envelope,
     quarantine,
@@ -51,7 +51,11 @@ __all__ = [
     "ClaimEntry",
     "ClaimState",
     "atomic_write",
+    "canonical_fragment",
 ]
+
+#: A JSON string literal as ``json.dumps(..., ensure_ascii=False)`` writes it.
+_quote: Callable[[str], str] = json.encoder.encode_basestring
 
 #: The only format version this build reads and writes.
 CHECKPOINT_VERSION = 1
@@ -151,6 +155,26 @@ def _strs(data: dict[str, Any], key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def canonical_fragment(uid: str, entry: ClaimEntry) -> bytes:
+    """``"<uid>":{...}``: the bytes of ``canonical_json({uid: entry.to_json()})``
+    between its braces, built directly from the fixed shape (keys in sorted order,
+    strings by the json module's own C string encoder) at a fraction of the cost of
+    encoding the dicts; a test holds it byte-equal to :func:`canonical_json`."""
+    q = _quote
+    devices = ",".join(
+        f'{{"admin_access":{"true" if d.admin_access else "false"},'
+        f'"cdi_device_ids":[{",".join(map(q, d.cdi_device_ids))}],'
+        f'"device":{q(d.device)},"pool":{q(d.pool)},'
+        f'"requests":[{",".join(map(q, d.requests))}],'
+        f'"share_id":{"null" if d.share_id is None else q(d.share_id)}}}'
+        for d in entry.devices
+    )
+    return (
+        f'{q(uid)}:{{"devices":[{devices}],"name":{q(entry.name)},'
+        f'"namespace":{q(entry.namespace)},"state":{q(entry.state.value)}}}'
+    ).encode()
+
+
 class Checkpoint:
     """The prepared-claims checkpoint file at ``path`` (see the module docstring)."""
 
@@ -205,7 +229,7 @@ class Checkpoint:
             entry = claims[uid]
             known = cache.get(uid)
             if known is None or known[0] is not entry:
-                known = (entry, canonical_json({uid: entry.to_json()})[1:-1])
+                known = (entry, canonical_fragment(uid, entry))
             fresh[uid] = known
             parts.append(known[1])
         self._fragments = fresh  # only the current claims: bounded by them

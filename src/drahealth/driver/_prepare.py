@@ -165,25 +165,57 @@ def _compatible(a_admin: bool, a_share: str | None, b_admin: bool, b_share: str 
     return bool(a_share and b_share and a_share != b_share)
 
 
+#: (pool, device) -> every (claim UID, entry, recorded device) that records it.
+_DeviceUsers = dict[tuple[str, str], list[tuple[str, ClaimEntry, CheckpointDevice]]]
+
+
+def _device_users(claims: Mapping[str, ClaimEntry]) -> _DeviceUsers:
+    """Who records which device in ``claims``, in ``claims`` order (see
+    :func:`find_conflict`)."""
+    users: _DeviceUsers = {}
+    for uid, entry in claims.items():
+        _add_device_users(users, uid, entry)
+    return users
+
+
+def _add_device_users(users: _DeviceUsers, uid: str, entry: ClaimEntry) -> None:
+    for dev in entry.devices:
+        users.setdefault((dev.pool, dev.device), []).append((uid, entry, dev))
+
+
+def _remove_device_users(users: _DeviceUsers, uid: str, entry: ClaimEntry) -> None:
+    for dev in entry.devices:
+        key = (dev.pool, dev.device)
+        left = [u for u in users.get(key, ()) if u[0] != uid]
+        if left:
+            users[key] = left
+        else:
+            users.pop(key, None)
+
+
 def find_conflict(
-    uid: str, results: Sequence[AllocationResult], claims: Mapping[str, ClaimEntry]
+    uid: str,
+    results: Sequence[AllocationResult],
+    claims: Mapping[str, ClaimEntry],
+    users: _DeviceUsers | None = None,
 ) -> ClaimError | None:
     """The error for the first result of claim ``uid`` whose device is recorded for
-    another claim in ``claims`` (the in-use guard), or ``None``."""
+    another claim in ``claims`` (the in-use guard), or ``None``. ``users`` is the
+    device index of ``claims`` when the caller keeps one (a batch checks many claims
+    against the same records: one lookup per result instead of a scan of them all)."""
+    if users is None:
+        users = _device_users(claims)
     for res in results:
-        for other_uid, entry in claims.items():
+        for other_uid, entry, dev in users.get((res.pool, res.device), ()):
             if other_uid == uid:
                 continue
-            for dev in entry.devices:
-                if (dev.pool, dev.device) != (res.pool, res.device):
-                    continue
-                if _compatible(res.admin_access, res.share_id, dev.admin_access, dev.share_id):
-                    continue
-                return ClaimError(
-                    f"device {res.pool}/{res.device} is already in use by claim "
-                    f"{entry.namespace}/{entry.name} ({other_uid})",
-                    ErrorKind.TRANSIENT,
-                )
+            if _compatible(res.admin_access, res.share_id, dev.admin_access, dev.share_id):
+                continue
+            return ClaimError(
+                f"device {res.pool}/{res.device} is already in use by claim "
+                f"{entry.namespace}/{entry.name} ({other_uid})",
+                ErrorKind.TRANSIENT,
+            )
     return None
 
 
@@ -268,6 +300,7 @@ class ClaimPreparer:
         self._state_flock = FileLock(options.checkpoint_path + ".lock") if self._shared else None
         self._commit = GroupCommit(self._checkpoint, {})
         self._counter = _make_counter(options)
+        self._counted: dict[tuple[str, str], Any] = {}  # (operation, outcome) -> child
         self._claim_watch: Reflector[ResourceClaim] | None = None
         #: prepares answered from the claim cache / by a GET (``claim_cache`` on)
         self.cache_hits = 0
@@ -393,16 +426,19 @@ class ClaimPreparer:
         call: list[PreparedClaimRequest] = []
 
         def plan(state: dict[str, ClaimEntry]) -> bool:
+            users = _device_users(state)
             for c in claims:
                 entry = state.get(c.uid)
                 if entry is not None and entry.state is ClaimState.PREPARE_COMPLETED:
                     replay[c.uid] = entry
                     continue
-                conflict = find_conflict(c.uid, c.results, state)
+                conflict = find_conflict(c.uid, c.results, state, users)
                 if conflict is not None:
                     out[c.uid] = PrepareResult(error=conflict)
                     continue
-                state[c.uid] = ClaimEntry(
+                if entry is not None:  # started before: its record is replaced
+                    _remove_device_users(users, c.uid, entry)
+                state[c.uid] = started = ClaimEntry(
                     c.namespace,
                     c.name,
                     ClaimState.PREPARE_STARTED,
@@ -417,6 +453,7 @@ class ClaimPreparer:
                         for r in c.results
                     ),
                 )
+                _add_device_users(users, c.uid, started)
                 call.append(c)
             return bool(call)
 
@@ -636,9 +673,14 @@ class ClaimPreparer:
             log.exception("on_device_fault(%s, %s) failed", pool, device)
 
     def _count(self, operation: str, error: ClaimError | None) -> None:
-        if self._counter is not None:
-            outcome = "ok" if error is None else error.kind.value
-            self._counter.labels(self._options.driver_name, operation, outcome).inc()
+        if self._counter is None:
+            return
+        outcome = "ok" if error is None else error.kind.value
+        child = self._counted.get((operation, outcome))
+        if child is None:  # a handful of label sets: each resolved once
+            child = self._counter.labels(self._options.driver_name, operation, outcome)
+            self._counted[(operation, outcome)] = child
+        child.inc()
 
 
 #: Waits for a batch's last checkpoint write after the serialization lock is released.

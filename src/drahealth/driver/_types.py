@@ -25,6 +25,7 @@ import enum
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from drahealth import api
@@ -240,8 +241,9 @@ class PreparedClaimRequest:
     claim: ResourceClaim
     results: list[AllocationResult]
 
-    @property
+    @cached_property
     def ref(self) -> ClaimRef:
+        """The claim's identity (computed once: the claim is not changed afterwards)."""
         meta = self.claim.metadata
         assert meta is not None
         return ClaimRef(meta.namespace or "", meta.name or "", meta.uid or "")

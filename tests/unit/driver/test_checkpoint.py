@@ -14,13 +14,17 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from drahealth._durable import canonical_json
 from drahealth.driver._checkpoint import (
     CHECKPOINT_VERSION,
     Checkpoint,
     CheckpointDevice,
     ClaimEntry,
     ClaimState,
+    canonical_fragment,
 )
 from drahealth.driver._types import CheckpointError
 
@@ -213,3 +217,40 @@ def test_an_indented_file_of_an_earlier_release_still_loads(tmp_path: Path) -> N
     atomic_write(str(path), dump_envelope(CHECKPOINT_VERSION, "claims", body))
     assert b"\n " in path.read_bytes()  # the indented layout
     assert Checkpoint(path).load() == ENTRIES
+
+
+_text = st.text(st.characters(codec="utf-8"), max_size=12)  # control chars, quotes, non-ASCII
+_device = st.builds(
+    CheckpointDevice,
+    pool=_text,
+    device=_text,
+    requests=st.lists(_text, max_size=3).map(tuple),
+    cdi_device_ids=st.lists(_text, max_size=3).map(tuple),
+    share_id=st.none() | _text,
+    admin_access=st.booleans(),
+)
+_entry = st.builds(
+    ClaimEntry,
+    namespace=_text,
+    name=_text,
+    state=st.sampled_from(ClaimState),
+    devices=st.lists(_device, max_size=3).map(tuple),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(uid=_text, entry=_entry)
+def test_fast_fragment_is_byte_equal_to_the_canonical_json(uid: str, entry: ClaimEntry) -> None:
+    # the checksum on load recomputes canonical_json: any difference would make every
+    # checkpoint this build writes "corrupt"
+    assert canonical_fragment(uid, entry) == canonical_json({uid: entry.to_json()})[1:-1]
+
+
+@settings(max_examples=50, deadline=None)
+@given(claims=st.dictionaries(_text, _entry, max_size=5))
+def test_encoded_checkpoints_load_back(
+    tmp_path_factory: pytest.TempPathFactory, claims: dict[str, ClaimEntry]
+) -> None:
+    cp = Checkpoint(tmp_path_factory.mktemp("cp") / "checkpoint.json")
+    cp.save(claims)
+    assert cp.load() == claims

@@ -662,3 +662,28 @@ async def test_a_failing_batch_fails_its_callers_and_the_next_batch_runs() -> No
         await other
     assert await batches.run([ClaimRef("ns", "d", "d")]) == {"d": "ok d"}
     assert seen == [["a"], ["bad", "c"], ["d"]]
+
+
+def test_find_conflict_with_a_kept_index_matches_a_scan() -> None:
+    # the batch planner keeps one device index for many claims; it must answer as a
+    # scan of the records does, also after a restarted claim changed its devices
+    from drahealth.driver._checkpoint import CheckpointDevice, ClaimEntry
+    from drahealth.driver._prepare import (
+        _add_device_users,
+        _device_users,
+        _remove_device_users,
+    )
+
+    state = _entries()
+    users = _device_users(state)
+    res = [AllocationResult("gpus", DRIVER, "node-1", "gpu-0")]
+    assert find_conflict("me", res, state, users) == find_conflict("me", res, state)
+    assert find_conflict("me", res, state, users) is not None
+    moved = ClaimEntry(
+        "ns", "o", ClaimState.PREPARE_STARTED, (CheckpointDevice("node-1", "gpu-1"),)
+    )
+    _remove_device_users(users, "other", state["other"])
+    state["other"] = moved
+    _add_device_users(users, "other", moved)
+    assert find_conflict("me", res, state, users) is None
+    assert find_conflict("me", res, state) is None
