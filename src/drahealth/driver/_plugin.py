@@ -102,12 +102,18 @@ def _ref(claim: Any) -> ClaimRef:
     return ClaimRef(namespace=claim.namespace, name=claim.name, uid=claim.uid)
 
 
+#: Version module -> whether its ``Device`` has ``share_id`` (looked up once each).
+_HAS_SHARE_ID: dict[Any, bool] = {}
+
+
 async def _prepare_reply(server: DRAPluginServer, pb: Any, claims: Sequence[Any]) -> Any:
     """Build a ``NodePrepareResourcesResponse`` of the version module ``pb``.
 
     ``share_id`` is set only where the version has the field (v1).
     """
-    has_share_id = "share_id" in pb.Device.DESCRIPTOR.fields_by_name
+    has_share_id = _HAS_SHARE_ID.get(pb)
+    if has_share_id is None:
+        has_share_id = _HAS_SHARE_ID[pb] = "share_id" in pb.Device.DESCRIPTOR.fields_by_name
     resp = pb.NodePrepareResourcesResponse()
     for uid, result in (await server.prepare(claims)).items():
         out = resp.claims[uid]

@@ -45,10 +45,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import inspect
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lightkube import ApiError
@@ -88,6 +90,9 @@ __all__ = [
 ]
 
 log = logging.getLogger("drahealth.driver.prepare")
+
+#: Claim versions whose resolved results are remembered (see ``ClaimPreparer._resolve``).
+_RESOLVED_CACHE_SIZE = 4096
 
 #: Values of a result's ``skipNodeOperations`` that mean "do not prepare".
 _SKIP_PREPARE = frozenset({"NodePrepareResources", "*"})
@@ -301,6 +306,8 @@ class ClaimPreparer:
         self._commit = GroupCommit(self._checkpoint, {})
         self._counter = _make_counter(options)
         self._counted: dict[tuple[str, str], Any] = {}  # (operation, outcome) -> child
+        # (claim UID, resourceVersion) -> its resolved results (see _resolve)
+        self._resolved: dict[tuple[str, str], list[AllocationResult]] = {}
         self._claim_watch: Reflector[ResourceClaim] | None = None
         #: prepares answered from the claim cache / by a GET (``claim_cache`` on)
         self.cache_hits = 0
@@ -380,7 +387,22 @@ class ClaimPreparer:
         claim = self._cached(ref)
         if claim is None:
             return None
-        return PreparedClaimRequest(claim, resolve_results(claim, self._options.driver_name))
+        return PreparedClaimRequest(claim, self._resolve(claim))
+
+    def _resolve(self, claim: ResourceClaim) -> list[AllocationResult]:
+        """:func:`resolve_results` for this driver, remembered per claim UID and
+        resourceVersion (the same version has the same content), so a claim the
+        kubelet prepares again, or that sits in the watch cache, is resolved once."""
+        meta = claim.metadata
+        key = (meta.uid or "", meta.resourceVersion or "") if meta is not None else ("", "")
+        if not key[1]:
+            return resolve_results(claim, self._options.driver_name)
+        known = self._resolved.get(key)
+        if known is None:
+            if len(self._resolved) >= _RESOLVED_CACHE_SIZE:
+                self._resolved.clear()  # bounded; refilled by the claims in use
+            known = self._resolved[key] = resolve_results(claim, self._options.driver_name)
+        return list(known)
 
     async def _fetch(self, ref: ClaimRef) -> PreparedClaimRequest | ClaimError:
         where = f"ResourceClaim {ref.namespace}/{ref.name}"
@@ -399,7 +421,7 @@ class ClaimPreparer:
             return ClaimError(f"claim {ref} got replaced: the API server has uid {got_uid}")
         if claim.status is None or claim.status.allocation is None:
             return ClaimError(f"claim {ref} is not allocated")
-        return PreparedClaimRequest(claim, resolve_results(claim, self._options.driver_name))
+        return PreparedClaimRequest(claim, self._resolve(claim))
 
     def _cached(self, ref: ClaimRef) -> ResourceClaim | None:
         if self._claim_watch is None:
@@ -640,22 +662,18 @@ class ClaimPreparer:
             await asyncio.wait([durable])
             return durable
 
-    async def _settle_after(self, change: Change, failed: Callable[[Exception], None]) -> Settle:
-        """Apply ``change`` now; the returned ``Settle`` waits for its write and calls
-        ``failed`` with the error if the write (or, shared, the re-read) failed."""
+    async def _settle_after(
+        self, change: Change, failed: Callable[[Exception], None]
+    ) -> Settle | None:
+        """Apply ``change`` now; the returned ``Settle`` holds the future of its write
+        and ``failed``, to be called with the error if the write (or, shared, the
+        re-read) failed. ``None`` when it failed at once (``failed`` was called)."""
         try:
             durable = await self._mutate(change)
         except (OSError, CheckpointError) as exc:
             failed(exc)
-            return _settled
-
-        async def settle() -> None:
-            try:
-                await durable
-            except (OSError, CheckpointError) as exc:
-                failed(exc)
-
-        return settle
+            return None
+        return Settle(durable, failed)
 
     async def _maybe_device_fault(self, error: ClaimError) -> None:
         callback = self._options.on_device_fault
@@ -683,22 +701,32 @@ class ClaimPreparer:
         child.inc()
 
 
-#: Waits for a batch's last checkpoint write after the serialization lock is released.
-Settle = Callable[[], Awaitable[None]]
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """A batch's last checkpoint write, waited for after the serialization lock is
+    released: ``durable`` resolves once it is on disk (or fails with the write's
+    error); ``failed`` turns such an error into the batch's per-claim results."""
 
+    durable: asyncio.Future[None]
+    failed: Callable[[Exception], None]
 
-async def _settled() -> None:
-    return None
+    async def wait(self) -> None:
+        """Wait for the write; a write error goes to ``failed``."""
+        try:
+            await self.durable
+        except (OSError, CheckpointError) as exc:
+            self.failed(exc)
 
 
 class _Batches:
     """Calls of one kind (prepare or unprepare) run in batches under the serialization
     lock: one drain task at a time takes every call queued so far as one batch, so N
     concurrent calls cost one driver call, not N in a row; the callers only wait for
-    their answer. A batch's last checkpoint write is waited for (its ``Settle``) after
-    the lock is released, in a task of its own, so the next batch starts at once and
-    its first write shares that one (see ``_commit``); nobody is answered before it is
-    durable. Without ``serialize`` every call runs on its own, concurrently."""
+    their answer. A batch's last checkpoint write (its ``Settle``) is waited for after
+    the lock is released: a callback on the write's future answers the batch, so the
+    next batch starts at once and its first write shares that one (see ``_commit``);
+    nobody is answered before it is durable. Without ``serialize`` every call runs on
+    its own, concurrently."""
 
     def __init__(
         self,
@@ -711,14 +739,13 @@ class _Batches:
         self._serialize = serialize
         self._queue: list[tuple[Sequence[Any], asyncio.Future[dict[str, Any]]]] = []
         self._drain: asyncio.Task[None] | None = None
-        self._answering: set[asyncio.Task[None]] = set()
 
     async def run(self, items: Sequence[Any]) -> dict[str, Any]:
         """The results for ``items`` (keyed by their ``uid``)."""
         if not self._serialize:
             results, settle = await self._locked(items)
             if settle is not None:
-                await settle()
+                await settle.wait()
             return results
         done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._queue.append((items, done))
@@ -744,9 +771,9 @@ class _Batches:
                 if settle is None:
                     _answer(batch, results)
                 else:
-                    task = asyncio.create_task(self._settle(batch, results, settle))
-                    self._answering.add(task)
-                    task.add_done_callback(self._answering.discard)
+                    settle.durable.add_done_callback(
+                        functools.partial(_answer_when_durable, batch, results, settle)
+                    )
                 batch = []
         except BaseException as exc:  # cancelled with the loop: no caller may hang
             _fail([*batch, *self._queue], exc)
@@ -755,21 +782,26 @@ class _Batches:
         finally:
             self._drain = None
 
-    @staticmethod
-    async def _settle(
-        batch: Sequence[tuple[Sequence[Any], asyncio.Future[dict[str, Any]]]],
-        results: dict[str, Any],
-        settle: Settle,
-    ) -> None:
-        try:
-            await settle()
-        except Exception as exc:  # settle reports write errors per claim: this is a bug
-            _fail(batch, exc)
-            return
-        except BaseException as exc:
-            _fail(batch, exc)
-            raise
-        _answer(batch, results)
+
+def _answer_when_durable(
+    batch: Sequence[tuple[Sequence[Any], asyncio.Future[dict[str, Any]]]],
+    results: dict[str, Any],
+    settle: Settle,
+    durable: asyncio.Future[None],
+) -> None:
+    """Answer ``batch`` once its last write is done: a write error becomes per-claim
+    results (``settle.failed``); a cancelled write (the loop is going away) cancels
+    the callers."""
+    if durable.cancelled():
+        _fail(batch, asyncio.CancelledError())
+        return
+    exc = durable.exception()
+    if isinstance(exc, OSError | CheckpointError):
+        settle.failed(exc)
+    elif exc is not None:  # settle reports write errors per claim: this is a bug
+        _fail(batch, exc)
+        return
+    _answer(batch, results)
 
 
 def _answer(

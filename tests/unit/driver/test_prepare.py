@@ -687,3 +687,20 @@ def test_find_conflict_with_a_kept_index_matches_a_scan() -> None:
     _add_device_users(users, "other", moved)
     assert find_conflict("me", res, state, users) is None
     assert find_conflict("me", res, state) is None
+
+
+def test_a_claim_version_is_resolved_once_and_a_new_version_again(tmp_path: Path) -> None:
+    p = ClaimPreparer(FakeDriver(), options(str(tmp_path)))
+    v1 = make_claim(results=[result("gpu", device="gpu-0")])
+    assert v1.metadata is not None
+    v1.metadata.resourceVersion = "7"
+    first = p._resolve(v1)
+    assert [r.device for r in first] == ["gpu-0"]
+    first.clear()  # what the driver gets is its own list
+    assert [r.device for r in p._resolve(v1)] == ["gpu-0"]
+    v2 = make_claim(results=[result("gpu", device="gpu-1")])
+    assert v2.metadata is not None
+    v2.metadata.resourceVersion = "8"
+    assert [r.device for r in p._resolve(v2)] == ["gpu-1"]
+    unversioned = make_claim(results=[result("gpu", device="gpu-2")])
+    assert [r.device for r in p._resolve(unversioned)] == ["gpu-2"]
