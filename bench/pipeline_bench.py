@@ -12,7 +12,9 @@ this process (so the bench knows exactly when a report leaves), the node agent i
 * ``scale``: 10,000 devices, a full snapshot every 5 s: the agent's CPU share and RSS.
 * ``prepare``: NodePrepareResources latency with 50 concurrent single-claim calls (the
   driver's device work is empty), p50/p99, and the checkpoint writes per burst;
-  ``prepare_floor`` the same load against a servicer that answers at once. Both time
+  ``prepare_floor`` the same load against a servicer that answers at once, and
+  ``prepare_durable_floor`` against one that only makes calls wait, in batches, for the
+  two fsynced checkpoint writes the plugin makes per batch. All time
   their bursts with the heap built before them frozen (``gc.freeze()``, as a
   long-running driver process does after start-up), so what earlier benchmarks in this
   process left behind does not turn into full-collection pauses inside a burst.
@@ -46,6 +48,7 @@ from lightkube.types import PatchType
 from waits import stop_process, within
 
 from drahealth import api
+from drahealth._durable import atomic_write
 from drahealth.controlplane import APIServer
 from drahealth.core import Health
 from drahealth.driver import (
@@ -377,6 +380,39 @@ class NoopPlugin(api.dra_v1_grpc.DRAPluginServicer):  # type: ignore[misc]
         return resp
 
 
+class DurableBatchPlugin(api.dra_v1_grpc.DRAPluginServicer):  # type: ignore[misc]
+    """What durability alone costs: calls wait in batches, as the plugin's do, for two
+    checkpoint-sized writes in a row (temporary file, fsync, rename, directory fsync, in
+    a worker thread: the plugin's ``PrepareStarted`` and ``PrepareCompleted``), then
+    are answered as the floor answers them. No claim, plan, driver or record work."""
+
+    def __init__(self, path: str, size: int) -> None:
+        self._path = path
+        self._data = b"x" * size
+        self._queue: list[asyncio.Future[None]] = []
+        self._drain: asyncio.Task[None] | None = None
+
+    async def _run_batches(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            for _ in range(2):
+                await asyncio.to_thread(atomic_write, self._path, self._data)
+            for fut in batch:
+                fut.set_result(None)
+        self._drain = None
+
+    async def NodePrepareResources(self, req: Any, ctx: Any) -> Any:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append(done)
+        if self._drain is None:
+            self._drain = asyncio.create_task(self._run_batches())
+        await done
+        return await NoopPlugin.NodePrepareResources(self, req, ctx)
+
+    async def NodeUnprepareResources(self, req: Any, ctx: Any) -> Any:
+        return await NoopPlugin.NodeUnprepareResources(self, req, ctx)
+
+
 async def call_prepares(socket: str, claims: list[list[str]], rounds: int) -> list[float]:
     """Run ``prepare_client.py`` (the kubelet's side) in its own process, with the heap
     built so far frozen (see the module docstring) for the time of the bursts."""
@@ -417,15 +453,35 @@ async def prepare_floor(calls: int = 50, rounds: int = 10) -> dict[str, float]:
     return {"p50_ms": pct(samples, 0.5) * 1e3, "p99_ms": pct(samples, 0.99) * 1e3}
 
 
+async def prepare_durable_floor(calls: int = 50, rounds: int = 10) -> dict[str, float]:
+    """The same load against :class:`DurableBatchPlugin` (a checkpoint of ``calls``
+    claims is about 130 bytes each)."""
+    base = tempfile.mkdtemp(prefix="dhd-", dir="/tmp")
+    server = grpc.aio.server()
+    servicer = DurableBatchPlugin(f"{base}/prepared-claims.json", 130 * calls)
+    api.dra_v1_grpc.add_DRAPluginServicer_to_server(servicer, server)
+    server.add_insecure_port(f"unix://{base}/dra.sock")
+    await server.start()
+    try:
+        claims = [[f"c{i}", f"uid-{i}"] for i in range(calls)]
+        samples = await call_prepares(f"{base}/dra.sock", claims, rounds)
+    finally:
+        await server.stop(0)
+        shutil.rmtree(base, ignore_errors=True)
+    return {"p50_ms": pct(samples, 0.5) * 1e3, "p99_ms": pct(samples, 0.99) * 1e3}
+
+
 async def prepare_vs_floor(pairs: int = 3, rounds: int = 20) -> dict[str, float]:
     """The plugin with its claim cache against the floor, alternating ``pairs`` times
     (so a load spike on a shared machine hits both alike): medians of each side's
     p50/p99 and of the per-pair p99 ratio plugin / floor."""
     floor: list[dict[str, float]] = []
     plugin: list[dict[str, float]] = []
+    durable: list[dict[str, float]] = []
     for _ in range(pairs):
         floor.append(await prepare_floor(rounds=rounds))
         plugin.append(await prepare(rounds=rounds, cache=True))
+        durable.append(await prepare_durable_floor(rounds=rounds))
 
     def med(rows: list[dict[str, float]], key: str) -> float:
         return statistics.median(r[key] for r in rows)
@@ -440,6 +496,10 @@ async def prepare_vs_floor(pairs: int = 3, rounds: int = 20) -> dict[str, float]
         ),
         "writes_per_burst": med(plugin, "writes_per_burst"),
         "hits": sum(r["hits"] for r in plugin),
+        "durable_p99_ms": med(durable, "p99_ms"),
+        "durable_ratio_p99": statistics.median(
+            d["p99_ms"] / f["p99_ms"] for d, f in zip(durable, floor, strict=True)
+        ),
     }
 
 
