@@ -57,7 +57,7 @@ async def prepare_rows(quick: bool) -> None:
     row("   ... plugin, one claim GET per call p99",
         f"{pg['p99_ms']:.1f} ms (p50 {pg['p50_ms']:.1f})", "-", True)  # fmt: skip
     # the judged row: plugin with its claim cache and the floor, alternating, medians
-    pr = await pipeline_bench.prepare_vs_floor(2 if quick else 5, rounds=rounds)
+    pr = await pipeline_bench.prepare_vs_floor(2 if quick else 7, rounds=rounds)
     row("   ... plugin, claim watch cache p99 (floor alternating)",
         f"{pr['p99_ms']:.1f} ms (p50 {pr['p50_ms']:.1f})",
         f"floor {pr['floor_p99_ms']:.1f} ms", True)  # fmt: skip
