@@ -91,6 +91,9 @@ __all__ = [
 
 log = logging.getLogger("drahealth.driver.prepare")
 
+#: CDI spec files a batch writes (or removes) at the same time, each in a worker thread.
+_CDI_WRITES_AT_ONCE = 8
+
 #: Claim versions whose resolved results are remembered (see ``ClaimPreparer._resolve``).
 _RESOLVED_CACHE_SIZE = 4096
 
@@ -491,7 +494,7 @@ class ClaimPreparer:
             return out, None
 
         answers = await self._call_driver_prepare(call)
-        completed: dict[str, ClaimEntry] = {}
+        prepared: list[tuple[PreparedClaimRequest, Sequence[PreparedDevice]]] = []
         for c in call:
             result = answers.get(c.uid)
             if result is None:
@@ -503,12 +506,14 @@ class ClaimPreparer:
                     f"driver returned neither devices nor an error for claim {c.ref}"
                 )
             else:
-                done = await self._complete(c, result.devices)
-                if isinstance(done, ClaimError):
-                    out[c.uid] = PrepareResult(error=done)
-                else:
-                    completed[c.uid] = done
-                    out[c.uid] = PrepareResult.ok(_reply_devices(done))
+                prepared.append((c, result.devices))
+        completed: dict[str, ClaimEntry] = {}
+        for (c, _), done in zip(prepared, await self._complete_all(prepared), strict=True):
+            if isinstance(done, ClaimError):
+                out[c.uid] = PrepareResult(error=done)
+            else:
+                completed[c.uid] = done
+                out[c.uid] = PrepareResult.ok(_reply_devices(done))
         if not completed:
             return out, None
 
@@ -532,6 +537,23 @@ class ClaimPreparer:
             log.exception("driver prepare failed for %d claim(s)", len(claims))
             err = _as_claim_error(exc, "driver prepare failed")
             return {c.uid: PrepareResult(error=err) for c in claims}
+
+    async def _complete_all(
+        self, prepared: Sequence[tuple[PreparedClaimRequest, Sequence[PreparedDevice]]]
+    ) -> list[ClaimEntry | ClaimError]:
+        """:meth:`_complete` for each claim, in order. With CDI, up to
+        ``_CDI_WRITES_AT_ONCE`` specs are written at a time (each is its own file with two
+        fsyncs: in a row, a batch of 50 claims waited for 100 fsyncs one after the other);
+        without, nothing suspends and the claims are done in a row."""
+        if self._cdi is None or len(prepared) < 2:
+            return [await self._complete(c, devices) for c, devices in prepared]
+        slots = asyncio.Semaphore(_CDI_WRITES_AT_ONCE)
+
+        async def one(c: PreparedClaimRequest, devices: Sequence[PreparedDevice]) -> Any:
+            async with slots:
+                return await self._complete(c, devices)
+
+        return list(await asyncio.gather(*(one(c, devices) for c, devices in prepared)))
 
     async def _complete(
         self, claim: PreparedClaimRequest, devices: Sequence[PreparedDevice]

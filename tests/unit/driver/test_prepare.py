@@ -704,3 +704,45 @@ def test_a_claim_version_is_resolved_once_and_a_new_version_again(tmp_path: Path
     assert [r.device for r in p._resolve(v2)] == ["gpu-1"]
     unversioned = make_claim(results=[result("gpu", device="gpu-2")])
     assert [r.device for r in p._resolve(unversioned)] == ["gpu-2"]
+
+
+async def test_a_batch_writes_its_cdi_specs_side_by_side_and_a_failed_one_fails_alone(
+    short_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+    import time
+
+    from drahealth.driver import _prepare
+    from drahealth.driver._cdi import CDISpecs
+
+    claims = [make_claim(f"u{i}", f"c{i}", results=[result("gpus", f"gpu-{i}")]) for i in range(12)]
+    p = await loaded(FakeDriver(), options(short_dir, FakeClient(*claims)))
+    real_write = CDISpecs.write
+    lock = threading.Lock()
+    active = {"now": 0, "max": 0}
+
+    def slow_write(self: CDISpecs, claim_uid: str, devices: Any) -> list[str]:
+        with lock:
+            active["now"] += 1
+            active["max"] = max(active["max"], active["now"])
+        try:
+            time.sleep(0.02)
+            if claim_uid == "u3":
+                raise OSError(28, "No space left on device")
+            return real_write(self, claim_uid, devices)
+        finally:
+            with lock:
+                active["now"] -= 1
+
+    monkeypatch.setattr(CDISpecs, "write", slow_write)
+    outs = await asyncio.gather(*(p.prepare([ref(c)]) for c in claims))
+    errors = {uid: r.error for o in outs for uid, r in o.items()}
+    assert errors["u3"] is not None and "No space left on device" in errors["u3"].message
+    assert all(e is None for uid, e in errors.items() if uid != "u3")
+    assert 2 <= active["max"] <= _prepare._CDI_WRITES_AT_ONCE
+    states = {uid: e.state for uid, e in p.prepared_claims().items()}
+    assert states.pop("u3") is ClaimState.PREPARE_STARTED  # prepared again on the next call
+    assert states == {f"u{i}": ClaimState.PREPARE_COMPLETED for i in range(12) if i != 3}
+    assert all(
+        _is_file(f"{short_dir}/cdi/k8s.{DRIVER}-claim_u{i}.json") for i in range(12) if i != 3
+    )
