@@ -35,7 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -437,11 +437,14 @@ async def _call_prepares(socket: str, claims: list[list[str]], rounds: int) -> l
     return samples
 
 
-async def prepare_floor(calls: int = 50, rounds: int = 10) -> dict[str, float]:
-    """The same load against :class:`NoopPlugin`: what Python gRPC alone costs."""
-    base = tempfile.mkdtemp(prefix="dhf-", dir="/tmp")
+async def _serve_and_call(
+    make: Callable[[str], Any], prefix: str, calls: int, rounds: int
+) -> dict[str, float]:
+    """Serve ``make(base_dir)`` as the DRA servicer on a socket in a fresh directory and
+    time ``calls`` concurrent prepares for ``rounds`` bursts against it."""
+    base = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
     server = grpc.aio.server()
-    api.dra_v1_grpc.add_DRAPluginServicer_to_server(NoopPlugin(), server)
+    api.dra_v1_grpc.add_DRAPluginServicer_to_server(make(base), server)
     server.add_insecure_port(f"unix://{base}/dra.sock")
     await server.start()
     try:
@@ -451,24 +454,22 @@ async def prepare_floor(calls: int = 50, rounds: int = 10) -> dict[str, float]:
         await server.stop(0)
         shutil.rmtree(base, ignore_errors=True)
     return {"p50_ms": pct(samples, 0.5) * 1e3, "p99_ms": pct(samples, 0.99) * 1e3}
+
+
+async def prepare_floor(calls: int = 50, rounds: int = 10) -> dict[str, float]:
+    """The same load against :class:`NoopPlugin`: what Python gRPC alone costs."""
+    return await _serve_and_call(lambda base: NoopPlugin(), "dhf-", calls, rounds)
 
 
 async def prepare_durable_floor(calls: int = 50, rounds: int = 10) -> dict[str, float]:
     """The same load against :class:`DurableBatchPlugin` (a checkpoint of ``calls``
     claims is about 130 bytes each)."""
-    base = tempfile.mkdtemp(prefix="dhd-", dir="/tmp")
-    server = grpc.aio.server()
-    servicer = DurableBatchPlugin(f"{base}/prepared-claims.json", 130 * calls)
-    api.dra_v1_grpc.add_DRAPluginServicer_to_server(servicer, server)
-    server.add_insecure_port(f"unix://{base}/dra.sock")
-    await server.start()
-    try:
-        claims = [[f"c{i}", f"uid-{i}"] for i in range(calls)]
-        samples = await call_prepares(f"{base}/dra.sock", claims, rounds)
-    finally:
-        await server.stop(0)
-        shutil.rmtree(base, ignore_errors=True)
-    return {"p50_ms": pct(samples, 0.5) * 1e3, "p99_ms": pct(samples, 0.99) * 1e3}
+    return await _serve_and_call(
+        lambda base: DurableBatchPlugin(f"{base}/prepared-claims.json", 130 * calls),
+        "dhd-",
+        calls,
+        rounds,
+    )
 
 
 async def prepare_vs_floor(pairs: int = 3, rounds: int = 20) -> dict[str, float]:
