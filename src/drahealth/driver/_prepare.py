@@ -91,7 +91,7 @@ __all__ = [
 
 log = logging.getLogger("drahealth.driver.prepare")
 
-#: CDI spec files a batch writes (or removes) at the same time, each in a worker thread.
+#: CDI spec files a prepare batch writes at the same time, each in a worker thread.
 _CDI_WRITES_AT_ONCE = 8
 
 #: Claim versions whose resolved results are remembered (see ``ClaimPreparer._resolve``).
@@ -732,13 +732,6 @@ class Settle:
     durable: asyncio.Future[None]
     failed: Callable[[Exception], None]
 
-    async def wait(self) -> None:
-        """Wait for the write; a write error goes to ``failed``."""
-        try:
-            await self.durable
-        except (OSError, CheckpointError) as exc:
-            self.failed(exc)
-
 
 class _Batches:
     """Calls of one kind (prepare or unprepare) run in batches under the serialization
@@ -764,12 +757,15 @@ class _Batches:
 
     async def run(self, items: Sequence[Any]) -> dict[str, Any]:
         """The results for ``items`` (keyed by their ``uid``)."""
+        done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         if not self._serialize:
             results, settle = await self._locked(items)
-            if settle is not None:
-                await settle.wait()
-            return results
-        done: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+            if settle is None:
+                return results
+            settle.durable.add_done_callback(
+                functools.partial(_answer_when_durable, [(items, done)], results, settle)
+            )
+            return await done
         self._queue.append((items, done))
         if self._drain is None:
             self._drain = asyncio.create_task(self._run_batches(), name="claim-batches")

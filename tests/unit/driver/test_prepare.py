@@ -746,3 +746,30 @@ async def test_a_batch_writes_its_cdi_specs_side_by_side_and_a_failed_one_fails_
     assert all(
         _is_file(f"{short_dir}/cdi/k8s.{DRIVER}-claim_u{i}.json") for i in range(12) if i != 3
     )
+
+
+@pytest.mark.parametrize("serialize", [True, False])
+async def test_a_failed_prepare_completed_write_fails_each_claim_not_the_call(
+    short_dir: str, monkeypatch: pytest.MonkeyPatch, serialize: bool
+) -> None:
+    from drahealth.driver._checkpoint import Checkpoint
+
+    claim = make_claim(results=[result("gpus", "gpu-0")])
+    p = await loaded(FakeDriver(), options(short_dir, FakeClient(claim), serialize=serialize))
+    real_write = Checkpoint.write
+    writes = []
+
+    def second_write_fails(self: Checkpoint, data: bytes) -> None:
+        writes.append(data)
+        if len(writes) == 2:  # PrepareStarted lands, PrepareCompleted does not
+            raise OSError(5, "Input/output error")
+        real_write(self, data)
+
+    monkeypatch.setattr(Checkpoint, "write", second_write_fails)
+    out = await p.prepare([ref(claim)])
+    error = out["uid-1"].error
+    assert error is not None
+    assert error.message == (
+        "recording prepared devices in the checkpoint: OSError: [Errno 5] Input/output error"
+    )
+    assert p.prepared_claims()["uid-1"].state is ClaimState.PREPARE_STARTED
