@@ -13,7 +13,8 @@ plane (one claim at a time, first solution wins, no scoring), not a scheduler:
   the attribute, with one value) and, where the release serves
   ``DRAConsumableCapacity``, ``distinctAttribute`` (pairwise different values);
 * DeviceClass and request ``selectors`` in the Kubernetes CEL environment
-  (:mod:`._cel_k8s`); a runtime error aborts the allocation with
+  (:mod:`._cel_k8s`, each evaluation metered against upstream's cost budget); a
+  runtime error (the budget exceeded included) aborts the allocation with
   :class:`AllocationAborted` naming the class or claim, the selector and the device;
 * devices allocated to other claims are skipped unless the request has
   ``adminAccess`` or, with ``DRAConsumableCapacity``, the device allows multiple
@@ -23,7 +24,10 @@ plane (one claim at a time, first solution wins, no scoring), not a scheduler:
   the result for the scheduler to wait on);
 * opaque config from the DeviceClasses (``FromClass``) and the claim (``FromClaim``)
   is copied into the result with the requests each applies to;
-* a claim is allocated on one node: the first node (sorted) where everything fits.
+* a claim is allocated on one node: the first node (sorted) where everything fits;
+* an optional ``deadline`` bounds the whole search in wall time (upstream's scheduler
+  filter timeout): past it the allocation is aborted with ``timed out trying to
+  allocate devices``.
 
 :func:`extended_resource_requests` turns a pod's extended resources backed by a
 DeviceClass (``extendedResourceName``) into the requests of its special claim.
@@ -31,6 +35,7 @@ DeviceClass (``extendedResourceName``) into the requests of its special claim.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +43,7 @@ from typing import Any
 from drahealth.controlplane._cel_k8s import (
     CELCompileError,
     CELRuntimeError,
+    CELTimeout,
     Selector,
     Semver,
     compile_selector,
@@ -47,6 +53,7 @@ from drahealth.core import NEWEST_KUBE_VERSION, KubeProfile, Taint, kube_profile
 
 __all__ = [
     "MAX_SEARCH_STEPS",
+    "TIMED_OUT",
     "Allocation",
     "AllocationAborted",
     "AllocationError",
@@ -62,6 +69,8 @@ __all__ = [
 
 #: Devices tried in one search before the claim is reported as not allocatable.
 MAX_SEARCH_STEPS = 100_000
+#: The reason when the allocation runs past its deadline (upstream's words).
+TIMED_OUT = "timed out trying to allocate devices"
 
 JSON = dict[str, Any]
 
@@ -173,12 +182,20 @@ def _selectors(selectors: Iterable[Any]) -> list[str]:
     return out
 
 
+#: Wall time one :func:`cel_selects` call may take (its selectors on one device).
+SELECTS_TIMEOUT = 0.5
+
+
 def cel_selects(selectors: Iterable[Any], device: Device) -> bool:
     """Whether every CEL selector (``{"cel": {"expression": ...}}``) accepts ``device``;
-    an expression that does not compile or fails at runtime accepts nothing."""
+    an expression that does not compile, fails at runtime, exceeds its cost budget or
+    runs past :data:`SELECTS_TIMEOUT` accepts nothing."""
     value = _device_cel(device, kube_profile(NEWEST_KUBE_VERSION))
+    deadline = time.monotonic() + SELECTS_TIMEOUT
     try:
-        return all(compile_selector(e).matches(value) for e in _selectors(selectors))
+        return all(
+            compile_selector(e).matches(value, deadline=deadline) for e in _selectors(selectors)
+        )
     except (CELCompileError, CELRuntimeError):
         return False
 
@@ -326,13 +343,15 @@ def allocate_claim(
     rule_taints: Callable[[Device], list[Taint]] = lambda _d: [],
     nodes: Iterable[str] | None = None,
     profile: KubeProfile | None = None,
+    deadline: float | None = None,
 ) -> Allocation:
     """The allocation of ``claim``, or :class:`AllocationError` (per node reasons) /
     :class:`AllocationAborted` (nothing can succeed: a CEL error, a missing class).
 
     ``nodes`` limits the candidate nodes (a pod already bound to a node); ``in_use``
     holds the devices other claims hold; ``rule_taints`` adds DeviceTaintRule taints;
-    ``profile`` is the release whose feature gates apply (the newest by default).
+    ``profile`` is the release whose feature gates apply (the newest by default);
+    ``deadline`` (a ``time.monotonic()`` value) bounds the search.
     """
     profile = profile or kube_profile(NEWEST_KUBE_VERSION)
     requests = _requests(claim)
@@ -352,7 +371,7 @@ def allocate_claim(
         local = [d for d in devices if d.node in (node, "")]
         search = _Search(
             requests, _constraints(claim, profile), local, selectors, classes, in_use,
-            rule_taints, profile, label,
+            rule_taints, profile, label, deadline,
         )  # fmt: skip
         picked = search.run()
         if picked is None:
@@ -417,6 +436,7 @@ class _Search:
         rule_taints: Callable[[Device], list[Taint]],
         profile: KubeProfile,
         label: str,
+        deadline: float | None = None,
     ) -> None:
         self.requests = requests
         self.constraints = constraints
@@ -426,6 +446,7 @@ class _Search:
         self.rule_taints = rule_taints
         self.profile = profile
         self.label = label
+        self.deadline = deadline
         self.taken: dict[tuple[str, str, str], int] = {}
         self.results: list[JSON] = []
         self.chosen_devices: list[Device] = []
@@ -447,9 +468,11 @@ class _Search:
             ok = True
             for who, i, sel in self.selectors[r.name]:
                 try:
-                    if not sel.matches(value):
+                    if not sel.matches(value, deadline=self.deadline):
                         ok = False
                         break
+                except CELTimeout:
+                    raise AllocationAborted(TIMED_OUT) from None
                 except CELRuntimeError as exc:
                     raise AllocationAborted(
                         f"{who}: selector #{i} on device {'/'.join(d.key)}: "

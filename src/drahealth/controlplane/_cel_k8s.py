@@ -25,7 +25,23 @@ compiler's ``device`` variable and ``cel.bind``):
 Not modelled: optional types (``?.``, ``optional.of``), two-variable comprehensions,
 the ``format`` and ``image`` libraries, and the static type checker (an expression is
 rejected as non-boolean only when its outermost operation cannot yield a bool).
-Runtime cost is not metered; the expression length is bounded as upstream bounds it.
+
+Cost, as upstream bounds DRA selectors (``resource.CELSelectorExpressionMaxLength``
+10 Ki characters, ``resource.CELSelectorExpressionMaxCost`` 1,000,000): cel-python has
+no cost tracking, so this module adds both halves itself.
+
+* At compile, :func:`estimate_cost` walks the syntax tree for a worst-case cost from
+  size bounds (literals, the ``device`` variable's limits: strings at most 64
+  characters, at most 64 entries per map; ``split``/``replace``/``+`` results
+  computed from their inputs; a comprehension costs its range's size times its
+  body). Over the budget is :class:`CELCostError` (``too complex, exceeds cost
+  limit``), as upstream's estimator refuses it at validation.
+* At evaluation, a meter charges every operation (one unit, plus a tenth of the
+  length of each string and the length of each list or map an operation creates;
+  ``replace`` is charged its result size *before* it runs) and stops the
+  evaluation with ``operation cancelled: actual cost limit exceeded`` past the
+  budget, or ``... timed out`` past the caller's deadline (cel-python is far slower
+  per unit than cel-go, so callers bound wall time too).
 """
 
 from __future__ import annotations
@@ -33,7 +49,10 @@ from __future__ import annotations
 import functools
 import ipaddress
 import itertools
+import math
 import re
+import threading
+import time
 from collections.abc import Callable, Mapping
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
@@ -49,26 +68,97 @@ from celpy.evaluation import CELEvalError, Evaluator
 
 __all__ = [
     "IP",
+    "MAX_COST",
     "MAX_EXPRESSION_LENGTH",
     "CELCompileError",
+    "CELCostError",
     "CELRuntimeError",
+    "CELTimeout",
     "Quantity",
     "Selector",
     "Semver",
     "compile_selector",
     "device_value",
+    "estimate_cost",
 ]
 
 #: Upstream's limit on a selector expression (``CELSelectorExpressionMaxLength``).
 MAX_EXPRESSION_LENGTH = 10 * 1024
+#: Upstream's cost budget of one selector (``CELSelectorExpressionMaxCost``): the
+#: static estimate at compile and the metered cost of each evaluation.
+MAX_COST = 1_000_000
 
 
 class CELCompileError(ValueError):
     """The expression does not compile; the text is what validation reports."""
 
 
+class CELCostError(CELCompileError):
+    """The expression's estimated worst-case cost exceeds :data:`MAX_COST`."""
+
+
 class CELRuntimeError(RuntimeError):
     """Evaluating the expression failed for one device (e.g. ``no such key: model``)."""
+
+
+class CELTimeout(CELRuntimeError):
+    """The evaluation ran past the caller's deadline."""
+
+
+# -- the runtime meter ----------------------------------------------------------------
+
+
+class _Exceeded(Exception):
+    """Raised inside the evaluator when the meter stops it."""
+
+
+class _Meter:
+    """Cost spent by one evaluation, its budget and its wall-clock deadline."""
+
+    __slots__ = ("budget", "deadline", "spent", "stopped", "ticks")
+
+    def __init__(self, budget: int, deadline: float | None) -> None:
+        self.budget = budget
+        self.deadline = deadline
+        self.spent = 0
+        self.ticks = 0
+        self.stopped: CELRuntimeError | None = None
+
+    def charge(self, units: int) -> None:
+        if self.stopped is not None:  # sticky: whatever swallowed it, stop again
+            raise _Exceeded(str(self.stopped))
+        self.spent += units
+        if self.spent > self.budget:
+            self.stopped = CELRuntimeError("operation cancelled: actual cost limit exceeded")
+        elif (
+            self.deadline is not None and self.ticks % 64 == 0 and time.monotonic() > self.deadline
+        ):
+            self.stopped = CELTimeout("operation cancelled: evaluation timed out")
+        self.ticks += 1
+        if self.stopped is not None:
+            raise _Exceeded(str(self.stopped))
+
+
+_ACTIVE = threading.local()
+
+
+def _charge(units: int) -> None:
+    meter: _Meter | None = getattr(_ACTIVE, "meter", None)
+    if meter is not None:
+        meter.charge(units)
+
+
+#: Operations that create a value (charged its size); lookups are charged one unit.
+_CREATORS = frozenset({"list_lit", "map_lit", "member_dot_arg", "ident_arg", "dot_ident_arg",
+                       "addition"})  # fmt: skip
+
+
+def _size_cost(value: Any) -> int:
+    if isinstance(value, (str, bytes)):
+        return len(value) // 10
+    if isinstance(value, (list, dict)):
+        return len(value)
+    return 0
 
 
 class _Fail(Exception):
@@ -403,6 +493,10 @@ def _substring(text: str, start: Any, end: Any = None) -> Any:
 
 
 def _replace(text: str, old: str, new: str, limit: Any = None) -> Any:
+    count = text.count(old) if old else len(text) + 1
+    if limit is not None and int(limit) >= 0:
+        count = min(count, int(limit))
+    _charge((len(text) + count * max(len(new) - len(old), 0)) // 10)  # before it is built
     return _S(text.replace(old, new, -1 if limit is None else int(limit)))
 
 
@@ -630,6 +724,14 @@ class _K8sEvaluator(Evaluator):
     def sub_evaluator(self, ast: lark.Tree[Any]) -> Evaluator:
         return _K8sEvaluator(ast, activation=self.activation)
 
+    def _visit_tree(self, tree: lark.Tree[Any]) -> Any:
+        result = super()._visit_tree(tree)
+        children = tree.children
+        if len(children) != 1 or not isinstance(children[0], lark.Tree):  # not a pass-through
+            extra = _size_cost(result) if tree.data in _CREATORS else 0
+            _charge(1 + extra)
+        return result
+
 
 def _resolves(ev: Evaluator, name: str) -> bool:
     try:
@@ -741,22 +843,47 @@ def _outer_kind(ast: lark.Tree[Any]) -> str | None:
 
 
 class Selector:
-    """One compiled selector expression."""
+    """One compiled selector expression and its estimated worst-case cost."""
 
-    __slots__ = ("expression", "program")
+    __slots__ = ("expression", "max_cost", "program")
 
-    def __init__(self, expression: str, program: Any) -> None:
+    def __init__(self, expression: str, program: Any, max_cost: int = 0) -> None:
         self.expression = expression
         self.program = program
+        self.max_cost = max_cost
 
-    def matches(self, device: Mapping[str, Any]) -> bool:
-        """Whether the expression is true for ``device`` (see :func:`device_value`)."""
+    def matches(
+        self,
+        device: Mapping[str, Any],
+        *,
+        budget: int = MAX_COST,
+        deadline: float | None = None,
+    ) -> bool:
+        """Whether the expression is true for ``device`` (see :func:`device_value`).
+
+        The evaluation is metered: past ``budget`` cost units it fails with
+        ``operation cancelled: actual cost limit exceeded``, past ``deadline`` (a
+        ``time.monotonic()`` value) with :class:`CELTimeout`.
+        """
+        meter = _Meter(budget, deadline)
+        outer = getattr(_ACTIVE, "meter", None)
+        _ACTIVE.meter = meter
         try:
             result = self.program.evaluate({"device": device})
+        except _Exceeded:
+            result = None
         except CELEvalError as exc:
-            raise CELRuntimeError(_message(exc)) from None
-        except (RecursionError, ValueError, TypeError, ArithmeticError) as exc:
-            raise CELRuntimeError(str(exc) or type(exc).__name__) from None
+            if meter.stopped is None:
+                raise CELRuntimeError(_message(exc)) from None
+            result = None
+        except (RecursionError, ValueError, TypeError, ArithmeticError, MemoryError) as exc:
+            if meter.stopped is None:
+                raise CELRuntimeError(str(exc) or type(exc).__name__) from None
+            result = None
+        finally:
+            _ACTIVE.meter = outer
+        if meter.stopped is not None:
+            raise meter.stopped
         if isinstance(result, CELEvalError):
             raise CELRuntimeError(_message(result))
         if not isinstance(result, (bool, celtypes.BoolType)):
@@ -783,10 +910,17 @@ def compile_selector(expression: str) -> Selector:
         )
     try:
         ast = _ENV.compile(expression)
+        _static_checks(ast)
+        cost = estimate_cost(ast)
     except CELParseError as exc:
         raise CELCompileError(f"compilation failed: {exc}") from None
-    _static_checks(ast)
-    return Selector(expression, _ENV.program(ast, functions=_WRAPPED))
+    except RecursionError:
+        raise CELCompileError("compilation failed: the expression is nested too deeply") from None
+    if cost > MAX_COST:
+        raise CELCostError(
+            f"too complex, exceeds cost limit (estimated cost {cost} exceeds limit {MAX_COST})"
+        )
+    return Selector(expression, _ENV.program(ast, functions=_WRAPPED), cost)
 
 
 class _Domains(celtypes.MapType):
@@ -841,3 +975,174 @@ def device_value(
     if allow_multiple_allocations is not None:
         value[_S("allowMultipleAllocations")] = _B(allow_multiple_allocations)
     return celtypes.MapType(value)
+
+
+# -- the static cost estimate -----------------------------------------------------
+
+_UNBOUNDED = 1 << 40
+
+
+class _Size:
+    """Upper bound of a value's length (characters, items or entries; 0 for scalars)
+    and of its elements' (list items, map values)."""
+
+    __slots__ = ("elem", "n")
+
+    def __init__(self, n: int, elem: _Size | None = None) -> None:
+        self.n = min(n, _UNBOUNDED)
+        self.elem = elem
+
+    def item(self) -> _Size:
+        return self.elem if self.elem is not None else _UNKNOWN
+
+
+_SCALAR = _Size(0)
+_UNKNOWN = _Size(_UNBOUNDED)
+_UNKNOWN.elem = _UNKNOWN
+#: ``device``: driver, attributes and capacity by domain; names and strings are at most
+#: 64 characters, a device has at most 32 attributes and capacities (64 is generous).
+_DEVICE = _Size(64, _Size(64, _Size(64, _Size(64))))
+
+_Env = dict[str, _Size]
+_MACROS = frozenset({"map", "filter", "all", "exists", "exists_one"})
+#: Functions whose work grows with their string or list argument.
+_SCANNING = frozenset({
+    "contains", "startsWith", "endsWith", "matches", "find", "findAll", "indexOf",
+    "lastIndexOf", "lowerAscii", "upperAscii", "trim", "split", "join", "replace",
+    "substring", "charAt", "quote", "isSorted", "sum", "max", "min", "size", "string",
+    "equivalent", "intersects", "url", "ip", "cidr", "semver", "quantity",
+    "isURL", "isIP", "isCIDR", "isSemver", "isQuantity", "bytes",
+})  # fmt: skip
+
+
+def _bigger(a: _Size | None, b: _Size | None) -> _Size | None:
+    if a is None or b is None:
+        return a or b
+    return _Size(max(a.n, b.n), _bigger(a.elem, b.elem))
+
+
+def _tenth(n: int) -> int:
+    return math.ceil(n / 10)
+
+
+def estimate_cost(ast: lark.Tree[Any]) -> int:
+    """The worst-case cost of evaluating ``ast`` for any device (see the module doc)."""
+    return _est(ast, {"device": _DEVICE})[0]
+
+
+def _kids(node: lark.Tree[Any]) -> list[Any]:
+    return [c for c in node.children if c is not None]
+
+
+def _args(node: Any) -> list[Any]:
+    return _kids(node) if isinstance(node, lark.Tree) and node.data == "exprlist" else []
+
+
+def _est(node: Any, env: _Env) -> tuple[int, _Size]:
+    if not isinstance(node, lark.Tree):
+        return 0, _SCALAR
+    data, ch = node.data, _kids(node)
+    if data == "literal":
+        token = ch[0] if ch else None
+        if isinstance(token, lark.Token) and token.type in (
+            "STRING_LIT", "MLSTRING_LIT", "BYTES_LIT",
+        ):  # fmt: skip
+            return 0, _Size(len(token))
+        return 0, _SCALAR
+    if data in ("ident", "dot_ident"):
+        return 1, env.get(str(ch[-1]), _UNKNOWN) if ch else _UNKNOWN
+    if data == "list_lit":
+        items = [_est(i, env) for i in (_args(ch[0]) if ch else [])]
+        elem: _Size | None = None
+        for _, size in items:
+            elem = _bigger(elem, size)
+        return 10 + sum(c for c, _ in items), _Size(len(items), elem)
+    if data == "map_lit":
+        inits = _kids(ch[0]) if ch else []
+        pairs = [_est(i, env) for i in inits]
+        value: _Size | None = None
+        for _, size in pairs[1::2]:
+            value = _bigger(value, size)
+        return 30 + sum(c for c, _ in pairs), _Size(len(inits) // 2, value)
+    if data == "member_dot":
+        cost, size = _est(ch[0], env)
+        return cost + 1, size.item()
+    if data == "member_index":
+        cost, size = _est(ch[0], env)
+        index, _ = _est(ch[1], env)
+        return cost + index + 1, size.item()
+    if data == "member_dot_arg":
+        return _call(str(ch[1]), ch[0], _args(ch[2]) if len(ch) > 2 else [], env)
+    if data in ("ident_arg", "dot_ident_arg"):
+        return _call(str(ch[0]), None, _args(ch[1]) if len(ch) > 1 else [], env)
+    if len(ch) == 1:
+        return _est(ch[0], env)
+    if data == "addition" and len(ch) == 2:
+        (lc, ls), (rc, rs) = _est(_kids(ch[0])[0], env), _est(ch[1], env)
+        if ch[0].data == "addition_add":
+            size = _Size(ls.n + rs.n, _bigger(ls.elem, rs.elem))
+            return lc + rc + 1 + _tenth(size.n) + (ls.n + rs.n if ls.elem or rs.elem else 0), size
+        return lc + rc + 1, _SCALAR
+    if data == "relation" and len(ch) == 2:
+        (lc, ls), (rc, rs) = _est(_kids(ch[0])[0], env), _est(ch[1], env)
+        scan = rs.n if ch[0].data == "relation_in" else _tenth(min(ls.n, rs.n))
+        return lc + rc + 1 + scan, _SCALAR
+    if data == "multiplication" and len(ch) == 2:
+        (lc, _), (rc, _) = _est(_kids(ch[0])[0], env), _est(ch[1], env)
+        return lc + rc + 1, _SCALAR
+    if data == "expr" and len(ch) == 3:
+        (cc, _), (tc, ts), (fc, fs) = (_est(c, env) for c in ch)
+        return cc + max(tc, fc) + 1, _bigger(ts, fs) or _SCALAR
+    total, size = 0, _SCALAR
+    for c in ch:
+        cost, size = _est(c, env)
+        total += cost
+    return total + 1, size if len(ch) == 1 else _SCALAR
+
+
+def _call(name: str, target: Any, args: list[Any], env: _Env) -> tuple[int, _Size]:
+    namespace = _ident_of(target) if target is not None else None
+    if namespace == "cel" and name == "bind" and len(args) == 3:
+        var = _ident_of(_expr_member(args[0])) or ""
+        vc, vs = _est(args[1], env)
+        bc, bs = _est(args[2], {**env, var: vs})
+        return vc + bc + 1, bs
+    if target is not None and namespace is None and name in _MACROS and len(args) in (2, 3):
+        rc, rs = _est(target, env)
+        var = _ident_of(_expr_member(args[0])) or ""
+        inner = {**env, var: rs.item()}
+        steps = [_est(a, inner) for a in args[1:]]
+        per_item = sum(c for c, _ in steps) + 1
+        cost = rc + rs.n * per_item
+        if name == "map":
+            return cost + rs.n, _Size(rs.n, steps[-1][1])
+        if name == "filter":
+            return cost + rs.n, _Size(rs.n, rs.elem)
+        return cost, _SCALAR
+    if name == "has":
+        return (_est(args[0], env)[0] if args else 0) + 1, _SCALAR
+    parts: list[tuple[int, _Size]] = []
+    if target is not None and namespace not in _NAMESPACES:
+        parts.append(_est(target, env))
+    parts += [_est(a, env) for a in args]
+    cost = sum(c for c, _ in parts) + 1
+    first = parts[0][1] if parts else _SCALAR
+    if name in _SCANNING:
+        cost += sum(_tenth(s.n) if s.elem is None else s.n for _, s in parts)
+    if name in ("split", "findAll"):
+        return cost + first.n + 1, _Size(first.n + 1, _Size(first.n))
+    if name == "replace":
+        new = parts[2][1].n if len(parts) > 2 else 0
+        size = first.n + (first.n + 1) * new
+        return cost + _tenth(size), _Size(size)
+    if name == "join":
+        sep = parts[1][1].n if len(parts) > 1 else 0
+        size = first.n * (first.item().n + sep)
+        return cost + _tenth(size), _Size(size)
+    if name in ("lowerAscii", "upperAscii", "trim", "substring", "find", "charAt"):
+        return cost, _Size(first.n)
+    if name == "quote":
+        return cost, _Size(first.n * 2 + 2)
+    if name == "string":
+        return cost, _Size(max(first.n, 64))
+    return cost, _SCALAR

@@ -38,12 +38,14 @@ by name (no scoring), no preemption.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import datetime
 import logging
 import secrets
-from collections.abc import Mapping
+import time
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
@@ -101,6 +103,10 @@ log = logging.getLogger(__name__)
 JSON = dict[str, Any]
 _ENDED = ("Succeeded", "Failed")
 
+
+#: Wall time one pod's DynamicResources filter may take (upstream's default filter
+#: timeout): past it the pod fails with ``timed out trying to allocate devices``.
+FILTER_TIMEOUT = 10.0
 
 UNSCHEDULABLE_TAINT = Taint("node.kubernetes.io/unschedulable", "", "NoSchedule")
 
@@ -426,7 +432,7 @@ class SchedulerStandIn:
                 return
             except _Unschedulable as exc:
                 raise _Unschedulable(fit_error(len(nodes), {}, str(exc))) from None
-            node, plans = self._place(pod, claims, nodes)
+            node, plans = await self._place(pod, claims, nodes)
         except (_Unschedulable, _SchedulerError) as exc:
             await self._failed(pod, str(exc), isinstance(exc, _SchedulerError))
             return
@@ -463,8 +469,13 @@ class SchedulerStandIn:
 
     def _place(
         self, pod: JSON, claims: list[JSON], nodes: list[JSON]
-    ) -> tuple[str, list[tuple[JSON, Allocation | None]]]:
-        """The first node (by name) every filter accepts, and the allocation per claim."""
+    ) -> Awaitable[tuple[str, list[tuple[JSON, Allocation | None]]]]:
+        """The first node (by name) every filter accepts, and the allocation per claim.
+
+        What the reflectors hold is read here, on the event loop; the search (CEL
+        selectors included) runs in a worker thread within :data:`FILTER_TIMEOUT`, so
+        one costly claim never stalls the API server or the other controllers.
+        """
         classes = {
             str(c.metadata.name): as_dict(c) for c in self.classes.store.list() if c.metadata
         }
@@ -489,16 +500,23 @@ class SchedulerStandIn:
                 .get("results") or []
                 if not r.get("adminAccess")
             }  # fmt: skip
-        reasons: dict[str, str] = {}
-        for node in nodes:
-            name = str(node["metadata"]["name"])
-            why = node_misfit(node, pod)
-            if why is None:
-                why, plans = self._fit_claims(claims, node, devices, classes, in_use, taints)
+        deadline = time.monotonic() + FILTER_TIMEOUT
+
+        def search() -> tuple[str, list[tuple[JSON, Allocation | None]]]:
+            reasons: dict[str, str] = {}
+            for node in nodes:
+                name = str(node["metadata"]["name"])
+                why = node_misfit(node, pod)
                 if why is None:
-                    return name, plans
-            reasons[name] = why
-        raise _Unschedulable(fit_error(len(nodes), reasons))
+                    why, plans = self._fit_claims(
+                        claims, node, devices, classes, in_use, taints, deadline
+                    )
+                    if why is None:
+                        return name, plans
+                reasons[name] = why
+            raise _Unschedulable(fit_error(len(nodes), reasons))
+
+        return asyncio.to_thread(search)
 
     def _fit_claims(
         self,
@@ -508,6 +526,7 @@ class SchedulerStandIn:
         classes: Mapping[str, JSON],
         in_use: set[tuple[str, str, str]],
         taints: Any,
+        deadline: float | None = None,
     ) -> tuple[str | None, list[tuple[JSON, Allocation | None]]]:
         """DynamicResources' Filter on one node: (reason it rejects the node, plans)."""
         name = str(node["metadata"]["name"])
@@ -524,7 +543,7 @@ class SchedulerStandIn:
             try:
                 allocation = allocate_claim(
                     c, devices, classes, in_use=taken, rule_taints=taints, nodes=[name],
-                    profile=self.profile,
+                    profile=self.profile, deadline=deadline,
                 )  # fmt: skip
             except AllocationAborted as exc:
                 raise _SchedulerError(f'running "DynamicResources" filter plugin: {exc}') from exc

@@ -272,11 +272,14 @@ def prepare_update(
     out["apiVersion"], out["kind"] = rt.storage_api_version, rt.kind
     meta = out.setdefault("metadata", {})
     old_meta = old.get("metadata") or {}
+    sent_uid = meta.get("uid")
     for k in _IMMUTABLE_META:
         if k in old_meta:
             meta[k] = old_meta[k]
         else:
             meta.pop(k, None)
+    if sent_uid:  # a changed uid is refused by validation, as upstream, not dropped
+        meta["uid"] = sent_uid
     meta.pop("selfLink", None)
     if rt.has_status:
         if "status" in old:

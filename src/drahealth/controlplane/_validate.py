@@ -28,7 +28,7 @@ import msgspec.inspect as mi
 from drahealth.core import KubeProfile, matches_dns_label, matches_dns_subdomain
 
 from ._batch import job_causes
-from ._cel_k8s import MAX_EXPRESSION_LENGTH, CELCompileError, compile_selector
+from ._cel_k8s import MAX_EXPRESSION_LENGTH, CELCompileError, CELCostError, compile_selector
 from ._resources import ResourceType
 from ._selectors import (
     SelectorError,
@@ -58,7 +58,32 @@ HEALTH_VALUES = ("Healthy", "Unhealthy", "Unknown")
 #: Device taint effects, sorted as upstream lists them; ``None`` exists from 1.35 on.
 TAINT_EFFECTS = ("NoExecute", "NoSchedule", "None")
 TAINT_EFFECTS_1_34 = ("NoExecute", "NoSchedule")
+#: Upstream's ResourceSlice limits (``pkg/apis/resource/types.go``).
 MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+DEVICE_MAX_DOMAIN_LENGTH = 63
+DEVICE_MAX_ID_LENGTH = 32
+DEVICE_ATTRIBUTE_MAX_VALUE_LENGTH = 64
+DEVICE_TAINTS_MAX = 16
+POOL_NAME_MAX = 253
+BINDING_CONDITIONS_MAX = 4
+MAX_COUNTER_SETS = 8
+MAX_COUNTERS = 32
+MAX_COUNTER_CONSUMPTIONS = 2
+#: ResourceClaim status limits.
+RESERVED_FOR_MAX = 256
+ALLOCATION_RESULTS_MAX = 32
+_C_IDENTIFIER_MSG = (
+    "a valid C identifier must start with alphabetic character or '_', followed by a "
+    "string of alphanumeric characters or '_' (e.g. 'my_name',  or 'MY_NAME',  or "
+    "'MyName', regex used for validation is '[A-Za-z_][A-Za-z0-9_]*')"
+)
+_SEMVER_RE = re.compile(
+    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(-(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(\.(0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*)?"
+    r"(\+[0-9a-zA-Z-]+(\.[0-9a-zA-Z-]+)*)?"
+)
 
 _TYPE_NAMES = {
     mi.StrType: "string",
@@ -549,6 +574,12 @@ def _taint_causes(taint: JSON, where: str, effects: tuple[str, ...]) -> list[JSO
             validate_label_key(key)
         except SelectorError as e:
             out.append(invalid_value(f"{where}.key", key, str(e)))
+    value = taint.get("value")
+    if isinstance(value, str) and value:
+        try:
+            validate_label_value(value)
+        except SelectorError as e:
+            out.append(invalid_value(f"{where}.value", value, str(e)))
     effect = taint.get("effect")
     if not effect:
         out.append(required(f"{where}.effect"))
@@ -562,10 +593,30 @@ def _effects(profile: KubeProfile | None) -> tuple[str, ...]:
 
 
 def _device_taint_rule_causes(obj: JSON, profile: KubeProfile | None) -> list[JSON]:
-    taint = _dict(obj.get("spec")).get("taint")
+    """Upstream's ``validateDeviceTaintRuleSpec``: the selector's driver, pool and device
+    names (and, for the 1.34 rule, its class name and CEL selectors), the taint, and at
+    most 8 status conditions."""
+    spec = _dict(obj.get("spec"))
+    sel, where = _dict(spec.get("deviceSelector")), "spec.deviceSelector"
+    out: list[JSON] = []
+    if sel.get("driver") is not None:
+        out.extend(_driver_name_causes(sel["driver"], f"{where}.driver"))
+    if sel.get("pool") is not None:
+        out.extend(_pool_name_causes(sel["pool"], f"{where}.pool"))
+    device = sel.get("device")
+    if isinstance(device, str):
+        out.extend(dns_label_causes(device, f"{where}.device"))
+    if isinstance(sel.get("deviceClassName"), str):
+        out.extend(_subdomain_causes(sel["deviceClassName"], f"{where}.deviceClassName"))
+    if sel.get("selectors") is not None:
+        out.extend(_selector_causes(sel["selectors"], f"{where}.selectors"))
+    conditions = _list(_dict(obj.get("status")).get("conditions"))
+    if len(conditions) > DEVICE_STATUS_MAX_CONDITIONS:
+        out.append(too_many("status.conditions", len(conditions), DEVICE_STATUS_MAX_CONDITIONS))
+    taint = spec.get("taint")
     if not isinstance(taint, dict):
-        return [required("spec.taint")]
-    return _taint_causes(taint, "spec.taint", _effects(profile))
+        return [*out, required("spec.taint")]
+    return out + _taint_causes(taint, "spec.taint", _effects(profile))
 
 
 def _access_review_causes(obj: JSON, profile: KubeProfile | None) -> list[JSON]:
@@ -591,13 +642,176 @@ def _access_review_causes(obj: JSON, profile: KubeProfile | None) -> list[JSON]:
     return []
 
 
-def _resource_slice_causes(obj: JSON, profile: KubeProfile | None) -> list[JSON]:
+def _pool_name_causes(value: Any, field: str) -> list[JSON]:
+    """Upstream's ``validatePoolName``: DNS subdomains joined by '/', at most 253 bytes."""
+    if not value:
+        return [required(field)]
+    if not isinstance(value, str):
+        return []
+    out = [too_long(field, POOL_NAME_MAX)] if len(value) > POOL_NAME_MAX else []
+    for part in value.split("/")[:8]:  # one cause per bad part, the first few
+        out.extend(_subdomain_causes(part, field))
+    return out
+
+
+def _node_name_causes(value: Any, field: str) -> list[JSON]:
+    if value == "":
+        return [invalid_value(field, value, "must be either unset or set to a non-empty string")]
+    return _subdomain_causes(value, field) if isinstance(value, str) else []
+
+
+def _c_identifier_causes(ident: str, field: str) -> list[JSON]:
+    out = [too_long(field, DEVICE_MAX_ID_LENGTH)] if len(ident) > DEVICE_MAX_ID_LENGTH else []
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", ident):
+        out.append(invalid_value(field, ident, _C_IDENTIFIER_MSG))
+    return out
+
+
+def _attribute_name_causes(name: str, field: str) -> list[JSON]:
+    """Upstream's ``validateQualifiedName``: a C identifier, optionally after a domain."""
+    parts = name.split("/")
+    if len(parts) == 1:
+        return _c_identifier_causes(name, field)
     out: list[JSON] = []
+    domain, ident = parts[0], "/".join(parts[1:])
+    if not domain:
+        out.append(invalid_value(field, "", "the domain must not be empty"))
+    else:
+        out.extend(_driver_name_causes(domain, field))
+    if not ident:
+        out.append(invalid_value(field, "", "the name must not be empty"))
+    else:
+        out.extend(_c_identifier_causes(ident, field))
+    return out
+
+
+def _key_path(where: str, key: str) -> str:
+    """``where[key]``, the key shortened in the middle as upstream's ``truncateIfTooLong``."""
+    limit = DEVICE_MAX_DOMAIN_LENGTH + 1 + DEVICE_MAX_ID_LENGTH
+    if len(key) > limit:
+        rest = limit - 3
+        key = key[: (rest + 1) // 2] + "..." + key[len(key) - rest // 2 :]
+    return f"{where}[{key}]"
+
+
+def _attribute_causes(attrs: JSON, where: str) -> list[JSON]:
+    out: list[JSON] = []
+    for name, attr in attrs.items():
+        here = _key_path(where, str(name))
+        out.extend(_attribute_name_causes(str(name), here))
+        attr = _dict(attr)
+        kinds = [k for k in ("int", "bool", "string", "version") if attr.get(k) is not None]
+        if len(kinds) != 1:
+            out.append(invalid_value(here, "", "exactly one value must be specified"))
+        for k in ("string", "version"):
+            value = attr.get(k)
+            if not isinstance(value, str):
+                continue
+            short = len(value) <= DEVICE_ATTRIBUTE_MAX_VALUE_LENGTH
+            if k == "version" and (not short or not _SEMVER_RE.fullmatch(value)):
+                out.append(
+                    invalid_value(
+                        f"{here}.version", value,
+                        "must be a string compatible with semver.org spec 2.0.0",
+                    )
+                )  # fmt: skip
+            if len(value.encode()) > DEVICE_ATTRIBUTE_MAX_VALUE_LENGTH:
+                out.append(too_long(f"{here}.{k}", DEVICE_ATTRIBUTE_MAX_VALUE_LENGTH))
+    return out
+
+
+def _binding_causes(dev: JSON, where: str) -> list[JSON]:
+    out: list[JSON] = []
+    for key in ("bindingConditions", "bindingFailureConditions"):
+        items = _list(dev.get(key))
+        if len(items) > BINDING_CONDITIONS_MAX:
+            out.append(too_many(f"{where}.{key}", len(items), BINDING_CONDITIONS_MAX))
+            continue
+        for i, cond in enumerate(items):
+            try:
+                validate_label_key(str(cond))
+            except SelectorError as e:
+                out.append(invalid_value(f"{where}.{key}[{i}]", cond, str(e)))
+    return out
+
+
+def _counters_causes(counters: Any, where: str) -> list[JSON]:
+    items = _dict(counters)
+    if not items:
+        return [required(where)]
+    if len(items) > MAX_COUNTERS:
+        return [too_many(where, len(items), MAX_COUNTERS)]
+    out: list[JSON] = []
+    for name in items:
+        out.extend(dns_label_causes(str(name), _key_path(where, str(name))))
+    return out
+
+
+def _device_causes(dev: JSON, where: str, per_device_nodes: bool) -> list[JSON]:
+    name = dev.get("name")
+    out = dns_label_causes(name, f"{where}.name") if isinstance(name, str) else []
+    if not name:
+        out.append(required(f"{where}.name"))
+    attrs, caps = _dict(dev.get("attributes")), _dict(dev.get("capacity"))
+    if len(attrs) + len(caps) > MAX_ATTRIBUTES_AND_CAPACITIES:
+        out.append(
+            invalid_value(
+                where, len(attrs) + len(caps),
+                "the total number of attributes and capacities must not exceed "
+                f"{MAX_ATTRIBUTES_AND_CAPACITIES}",
+            )
+        )  # fmt: skip
+        return out
+    out.extend(_attribute_causes(attrs, f"{where}.attributes"))
+    for cap in caps:
+        out.extend(_attribute_name_causes(str(cap), _key_path(f"{where}.capacity", str(cap))))
+    taints = _list(dev.get("taints"))
+    if len(taints) > DEVICE_TAINTS_MAX:
+        out.append(too_many(f"{where}.taints", len(taints), DEVICE_TAINTS_MAX))
+    consumes = _list(dev.get("consumesCounters"))
+    if len(consumes) > MAX_COUNTER_CONSUMPTIONS:
+        out.append(too_many(f"{where}.consumesCounters", len(consumes), MAX_COUNTER_CONSUMPTIONS))
+    else:
+        for j, c in enumerate(consumes):
+            here = f"{where}.consumesCounters[{j}]"
+            out.extend(
+                dns_label_causes(str(_dict(c).get("counterSet") or ""), f"{here}.counterSet")
+            )
+            out.extend(_counters_causes(_dict(c).get("counters"), f"{here}.counters"))
+    node_fields = [f for f in ("nodeName", "nodeSelector", "allNodes") if dev.get(f) is not None]
+    if per_device_nodes:
+        if dev.get("nodeName") is not None:
+            out.extend(_node_name_causes(dev["nodeName"], f"{where}.nodeName"))
+    elif node_fields:
+        out.append(
+            invalid_value(
+                where, None,
+                "`nodeName`, `nodeSelector` and `allNodes` can only be set if "
+                "`perDeviceNodeSelection` is set to true in the ResourceSlice spec",
+            )
+        )  # fmt: skip
+    out.extend(_binding_causes(dev, where))
+    return out
+
+
+def _resource_slice_causes(obj: JSON, profile: KubeProfile | None) -> list[JSON]:
+    """Upstream's ``validateResourceSliceSpec``: names, pool, node selection, devices
+    (names, attributes, capacities, taints, counters, binding conditions), counters."""
     spec = _dict(obj.get("spec"))
-    if not spec.get("driver"):
-        out.append(required("spec.driver"))
-    if not _dict(spec.get("pool")).get("name"):
-        out.append(required("spec.pool.name"))
+    out = _driver_name_causes(spec.get("driver"), "spec.driver")
+    pool = _dict(spec.get("pool"))
+    out.extend(_pool_name_causes(pool.get("name"), "spec.pool.name"))
+    count, gen = pool.get("resourceSliceCount"), pool.get("generation")
+    if isinstance(count, int) and count <= 0:
+        out.append(
+            invalid_value("spec.pool.resourceSliceCount", count, "must be greater than zero")
+        )
+    if isinstance(gen, int) and gen < 0:
+        out.append(
+            invalid_value("spec.pool.generation", gen, "must be greater than or equal to zero")
+        )
+    if spec.get("nodeName") is not None:
+        out.extend(_node_name_causes(spec["nodeName"], "spec.nodeName"))
     node_fields = ("nodeName", "nodeSelector", "allNodes", "perDeviceNodeSelection")
     chosen = [f for f in node_fields if spec.get(f) not in (None, False, "")]
     if len(chosen) != 1:
@@ -607,18 +821,41 @@ def _resource_slice_causes(obj: JSON, profile: KubeProfile | None) -> list[JSON]
         )
         out.append(cause("FieldValueRequired" if not chosen else "FieldValueInvalid", msg, "spec"))
     devices = _list(spec.get("devices"))
-    if len(devices) > MAX_DEVICES_PER_SLICE:
+    if spec.get("sharedCounters") is not None and spec.get("devices") is not None:
         out.append(
-            cause(
-                "FieldValueTooMany",
-                f"Too many: {len(devices)}: must have at most {MAX_DEVICES_PER_SLICE} items",
-                "spec.devices",
-            )
+            invalid_value("spec", "", "only one of `sharedCounters` or `devices` is allowed")
         )
+    limit = MAX_DEVICES_PER_SLICE
+    if any(_dict(d).get("taints") or _dict(d).get("consumesCounters") for d in devices):
+        limit = MAX_DEVICES_WITH_TAINTS_OR_COUNTERS
+    if len(devices) > limit:
+        out.append(too_many("spec.devices", len(devices), limit))
+        return out
+    seen: set[Any] = set()
+    per_device = spec.get("perDeviceNodeSelection") is True
     for i, dev in enumerate(devices):
-        for j, taint in enumerate(_list(_dict(dev).get("taints"))):
-            where = f"spec.devices[{i}].taints[{j}]"
-            out.extend(_taint_causes(_dict(taint), where, _effects(profile)))
+        dev, where = _dict(dev), f"spec.devices[{i}]"
+        out.extend(_device_causes(dev, where, per_device))
+        for j, taint in enumerate(_list(dev.get("taints"))[:DEVICE_TAINTS_MAX]):
+            out.extend(_taint_causes(_dict(taint), f"{where}.taints[{j}]", _effects(profile)))
+        if dev.get("name") in seen:
+            out.append(duplicate(where, dev.get("name")))
+        seen.add(dev.get("name"))
+        if len(out) >= MAX_CAUSES:
+            return out
+    counter_sets = _list(spec.get("sharedCounters"))
+    if len(counter_sets) > MAX_COUNTER_SETS:
+        out.append(too_many("spec.sharedCounters", len(counter_sets), MAX_COUNTER_SETS))
+        return out
+    names: set[Any] = set()
+    for i, cs in enumerate(counter_sets):
+        cs, where = _dict(cs), f"spec.sharedCounters[{i}]"
+        name = cs.get("name")
+        out.extend(dns_label_causes(name, f"{where}.name") if name else [required(f"{where}.name")])
+        out.extend(_counters_causes(cs.get("counters"), f"{where}.counters"))
+        if name in names:
+            out.append(duplicate(where, name))
+        names.add(name)
     return out
 
 
@@ -732,6 +969,8 @@ def _selector_causes(selectors: Any, where: str) -> list[JSON]:
             continue
         try:
             compile_selector(expression)
+        except CELCostError:
+            out.append(forbidden(field, "too complex, exceeds cost limit"))
         except CELCompileError as e:
             out.append(invalid_value(field, expression, str(e)))
     return out
@@ -861,18 +1100,24 @@ def _request_ref_causes(refs: Any, where: str, names: dict[str, set[str]]) -> li
         field = f"{where}[{j}]"
         if not isinstance(ref, str):
             continue
-        parts = ref.split("/")
-        if len(parts) > 2:
-            out.append(invalid_value(field, ref, _REQUEST_REF_MSG))
-            continue
-        for part in parts:
-            out.extend(dns_label_causes(part, field))
-        known = parts[0] in names and (len(parts) == 1 or parts[1] in names[parts[0]])
-        if not known:
-            out.append(invalid_value(field, ref, _REQUEST_REF_MSG))
+        out.extend(_request_ref_one(ref, field, names))
         if ref in seen:
             out.append(duplicate(field, ref))
         seen.add(ref)
+    return out
+
+
+def _request_ref_one(ref: str, field: str, names: dict[str, set[str]]) -> list[JSON]:
+    """Upstream's ``validateRequestNameRef``: ``<request>`` or ``<request>/<sub>``."""
+    parts = ref.split("/")
+    if len(parts) > 2:
+        return [invalid_value(field, ref, _REQUEST_REF_MSG)]
+    out: list[JSON] = []
+    for part in parts:
+        out.extend(dns_label_causes(part, field))
+    known = parts[0] in names and (len(parts) == 1 or parts[1] in names[parts[0]])
+    if not known:
+        out.append(invalid_value(field, ref, _REQUEST_REF_MSG))
     return out
 
 
@@ -1155,16 +1400,84 @@ def device_status_causes(status: JSON, where: str = "status.devices") -> list[JS
     return out
 
 
+def _reserved_for_causes(status: JSON, old_status: JSON, deleted: bool) -> list[JSON]:
+    """``status.reservedFor``: at most 256 consumers, unique by uid, each complete; only
+    with an allocation; no new ones while the claim is being deleted."""
+    items, where = _list(status.get("reservedFor")), "status.reservedFor"
+    if len(items) > RESERVED_FOR_MAX:
+        return [too_many(where, len(items), RESERVED_FOR_MAX)]
+    out: list[JSON] = []
+    seen: set[Any] = set()
+    for i, ref in enumerate(items):
+        ref = _dict(ref)
+        for key in ("resource", "name", "uid"):
+            if not ref.get(key):
+                out.append(required(f"{where}[{i}].{key}"))
+        if ref.get("uid") in seen:
+            out.append(duplicate(f"{where}[{i}]", ref.get("uid")))
+        seen.add(ref.get("uid"))
+    if items and not status.get("allocation"):
+        out.append(forbidden(where, "may not be specified when `allocated` is not set"))
+    elif items and deleted and any(r not in _list(old_status.get("reservedFor")) for r in items):
+        out.append(
+            forbidden(
+                where,
+                "new entries may not be added while `deallocationRequested` or "
+                "`deletionTimestamp` are set",
+            )
+        )
+    return out
+
+
+def _allocation_causes(allocation: JSON, names: dict[str, set[str]]) -> list[JSON]:
+    """Upstream's ``validateAllocationResult`` for a new allocation."""
+    where = "status.allocation.devices"
+    devices = _dict(allocation.get("devices"))
+    results = _list(devices.get("results"))
+    if len(results) > ALLOCATION_RESULTS_MAX:
+        return [too_many(f"{where}.results", len(results), ALLOCATION_RESULTS_MAX)]
+    out: list[JSON] = []
+    for i, r in enumerate(results):
+        r, here = _dict(r), f"{where}.results[{i}]"
+        out.extend(_request_ref_one(str(r.get("request") or ""), f"{here}.request", names))
+        out.extend(_driver_name_causes(r.get("driver"), f"{here}.driver"))
+        out.extend(_pool_name_causes(r.get("pool"), f"{here}.pool"))
+        device = r.get("device")
+        out.extend(
+            dns_label_causes(device, f"{here}.device")
+            if isinstance(device, str) and device
+            else [required(f"{here}.device")]
+        )
+        out.extend(_binding_causes(r, here))
+    configs = _list(devices.get("config"))
+    if len(configs) > 2 * DEVICE_CONFIG_MAX:
+        out.append(too_many(f"{where}.config", len(configs), 2 * DEVICE_CONFIG_MAX))
+    return out
+
+
+def _claim_status_causes(obj: JSON, old: JSON) -> list[JSON]:
+    status, old_status = _dict(obj.get("status")), _dict(old.get("status"))
+    deleted = bool(_dict(obj.get("metadata")).get("deletionTimestamp"))
+    out = _reserved_for_causes(status, old_status, deleted)
+    allocation, old_allocation = status.get("allocation"), old_status.get("allocation")
+    if old_allocation and allocation:
+        if allocation != old_allocation:
+            out.append(immutable("status.allocation", allocation))
+    elif isinstance(allocation, dict):
+        names = _request_names(_dict(_dict(obj.get("spec")).get("devices")))
+        out.extend(_allocation_causes(allocation, names))
+    if status.get("devices") != old_status.get("devices") or allocation != old_allocation:
+        out.extend(device_status_causes(status))
+    return out
+
+
 def _claim_causes(obj: JSON, ctx: _Context) -> list[JSON]:
     spec = _dict(obj.get("spec"))
     if ctx.old is not None:  # the spec is immutable; the status is validated on its own
         old_spec = _dict(ctx.old.get("spec"))
-        status = _dict(obj.get("status"))
         out = [] if spec == old_spec else [immutable("spec", spec)]
-        if status.get("devices") != _dict(ctx.old.get("status")).get("devices") or (
-            status.get("allocation") != _dict(ctx.old.get("status")).get("allocation")
-        ):
-            out.extend(device_status_causes(status))
+        if obj.get("status") != ctx.old.get("status"):
+            out.extend(_claim_status_causes(obj, ctx.old))
         return out
     out = device_claim_causes(spec.get("devices"), "spec.devices")
     out.extend(admin_access_causes(spec.get("devices"), ctx.namespace))
@@ -1270,6 +1583,16 @@ _CONTEXT_RULES: dict[tuple[str, str], Callable[[JSON, _Context], list[JSON]]] = 
     ("batch", "Job"): job_causes,
 }
 
+
+def metadata_update_causes(meta: JSON, old_meta: JSON) -> list[JSON]:
+    """Upstream's ``ValidateObjectMetaUpdate`` for what an update may send: the uid (an
+    empty one is filled from the stored object before this runs) may not change."""
+    uid, old_uid = meta.get("uid"), old_meta.get("uid")
+    if uid and old_uid and uid != old_uid:
+        return [immutable("metadata.uid", uid)]
+    return []
+
+
 _UNKNOWN_FIELD = "unknown field "
 
 
@@ -1310,6 +1633,8 @@ def object_causes(
     if isinstance(name, str):
         out.extend(name_causes(rt.kind, name))
     out.extend(_label_causes(meta))
+    if old is not None:
+        out.extend(metadata_update_causes(meta, _dict(old.get("metadata"))))
     if any(c["reason"] == "FieldValueTypeInvalid" for c in out):
         return out[:MAX_CAUSES]
     rule = _KIND_RULES.get((rt.group, rt.kind))
