@@ -9,7 +9,10 @@ endpoint build their runner and site with:
 * a connection cap: over ``max_connections`` (clamped to half the process's soft
   ``RLIMIT_NOFILE`` so the listener never hits ``EMFILE``), the oldest connection that is
   not serving a request is closed to admit the new one; when all are serving, the new
-  one gets ``503`` and is closed;
+  one gets ``503`` and is closed; with ``overflow_connections`` and ``always_paths`` set,
+  up to that many connections over the cap are still read, and one request on each is
+  answered if its path is one of ``always_paths`` (health endpoints), else ``503`` with
+  ``Retry-After``; such a connection is closed after its answer;
 * a Host and Origin check (DNS rebinding and cross-site requests): on a loopback
   address only ``localhost``, ``127.0.0.1`` and ``[::1]`` (any port) and the configured
   ``allowed_hosts`` are accepted as ``Host``; on any other address every Host is
@@ -17,7 +20,10 @@ endpoint build their runner and site with:
   PATCH or DELETE carrying an ``Origin`` that is neither the server's own origin nor an
   allowed host gets ``403``; requests without ``Origin`` (kubectl, lightkube, curl) pass;
 * :class:`RateLimitFilter`, a per-logger, per-message token bucket installed on the
-  ``aiohttp`` and ``asyncio`` loggers by :func:`install_log_rate_limit`.
+  ``aiohttp`` and ``asyncio`` loggers by :func:`install_log_rate_limit`, which also
+  installs :class:`MalformedRequestFilter`: a request aiohttp cannot parse (a request
+  line or header over its 8190-byte limit, bad framing) is answered 400 by aiohttp and
+  logged as one line without a traceback.
 """
 
 from __future__ import annotations
@@ -35,11 +41,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 __all__ = [
     "LOOPBACK_HOSTS",
     "HTTPGuard",
     "HTTPLimits",
+    "MalformedRequestFilter",
     "RateLimitFilter",
     "check_allowed_hosts",
     "install_log_rate_limit",
@@ -56,6 +64,7 @@ _REFUSED = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Type: text/plain\r\n"
     b"Content-Length: 32\r\n\r\ntoo many connections, try again\n"
 )
+_BUSY_TEXT = "too many connections, try again\n"
 
 
 @dataclass(frozen=True)
@@ -65,8 +74,12 @@ class HTTPLimits:
     header_timeout: float = 10.0
     max_connections: int = 512
     keepalive_timeout: float = 15.0
+    #: Connections read over the cap when all are serving, for ``always_paths`` only.
+    overflow_connections: int = 0
 
     def __post_init__(self) -> None:
+        if self.overflow_connections < 0:
+            raise ValueError(f"overflow_connections must be >= 0, got {self.overflow_connections}")
         if not self.header_timeout > 0:
             raise ValueError(f"header_timeout must be > 0, got {self.header_timeout}")
         if self.max_connections < 1:
@@ -133,10 +146,12 @@ def _forbidden(message: str) -> web.Response:
 class _Conn(asyncio.Protocol):
     """Wraps aiohttp's per-connection protocol: admission, header timer, bookkeeping."""
 
-    __slots__ = ("_busy", "_factory", "_guard", "_inner", "_timer", "transport")
+    __slots__ = ("_busy", "_factory", "_guard", "_inner", "_timer", "overflow", "transport")
 
     def __init__(self, guard: HTTPGuard, factory: Callable[[], asyncio.Protocol]) -> None:
         self._guard = guard
+        #: Admitted over the cap: one request, and only an ``always_paths`` one is served.
+        self.overflow = False
         self._inner: asyncio.Protocol | None = None
         self._factory = factory
         self.transport: asyncio.Transport | None = None
@@ -210,8 +225,12 @@ class HTTPGuard:
         *,
         limits: HTTPLimits | None = None,
         allowed_hosts: Iterable[str] = (),
+        always_paths: Iterable[str] = (),
     ) -> None:
         self.limits = limits or HTTPLimits()
+        #: Paths answered even when every connection is serving (see the module doc).
+        self.always_paths = frozenset(always_paths)
+        self._overflow: set[_Conn] = set()
         self.allowed_hosts = frozenset(check_allowed_hosts(allowed_hosts))
         self._names = LOOPBACK_HOSTS | self.allowed_hosts
         if _is_loopback(host):
@@ -258,6 +277,12 @@ class HTTPGuard:
     def _admit(self, conn: _Conn) -> bool:
         while self.connections >= self.max_connections:
             if not self._idle:
+                if self.always_paths and len(self._overflow) < self.limits.overflow_connections:
+                    conn.overflow = True
+                    self._overflow.add(conn)
+                    assert conn.transport is not None
+                    self._by_transport[conn.transport] = conn
+                    return True
                 self.refused += 1
                 log.warning(
                     "refused a connection: all %d connections are serving requests",
@@ -275,11 +300,12 @@ class HTTPGuard:
     def _forget(self, conn: _Conn) -> None:
         self._idle.pop(conn, None)
         self._busy.discard(conn)
+        self._overflow.discard(conn)
         if conn.transport is not None:
             self._by_transport.pop(conn.transport, None)
 
     def _is_idle(self, conn: _Conn) -> bool:
-        return conn in self._idle
+        return conn in self._idle or (conn.overflow and conn._busy == 0)
 
     def _enter(self, transport: asyncio.BaseTransport | None) -> _Conn | None:
         conn = self._by_transport.get(transport) if transport is not None else None
@@ -287,12 +313,16 @@ class HTTPGuard:
             return None
         conn._cancel_timer()
         conn._busy += 1
+        if conn.overflow:
+            return conn
         self._idle.pop(conn, None)
         self._busy.add(conn)
         return conn
 
     def _leave(self, conn: _Conn) -> None:
         conn._busy -= 1
+        if conn.overflow:
+            return
         if conn._busy == 0 and conn in self._busy:
             # Idle keep-alive: aiohttp's keep-alive timer bounds the wait for the next head.
             self._busy.discard(conn)
@@ -317,6 +347,8 @@ class HTTPGuard:
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         conn = self._enter(request.transport)
         try:
+            if conn is not None and conn.overflow:
+                return await self._overflow_request(request, handler)
             host = request.headers.get("Host")
             if host is not None:
                 name = _hostname(host)
@@ -336,6 +368,18 @@ class HTTPGuard:
         finally:
             if conn is not None:
                 self._leave(conn)
+
+    async def _overflow_request(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """One request on a connection over the cap: an ``always_paths`` GET is served,
+        anything else is 503; either way the connection closes after the answer."""
+        if request.method in ("GET", "HEAD") and request.path in self.always_paths:
+            resp = await handler(request)
+        else:
+            self.refused += 1
+            resp = web.Response(status=503, text=_BUSY_TEXT, headers={"Retry-After": "1"})
+        if not resp.prepared:
+            resp.force_close()
+        return resp
 
 
 class _GuardedSite(web.BaseSite):
@@ -436,7 +480,26 @@ def _rewrite(record: logging.LogRecord, prefix: str, suffix: str = "") -> None:
         record.stack_info = None
 
 
+class MalformedRequestFilter(logging.Filter):
+    """Turns aiohttp's record of a request it could not parse (answered 400 by aiohttp:
+    a request line or header over its limit, bad framing) into one warning line without
+    a traceback; every other record passes unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            text = " ".join(str(exc).split()) or type(exc).__name__
+            record.msg = f"refused a malformed request: {text[:200]}"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+            record.stack_info = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
 _installed: RateLimitFilter | None = None
+_malformed = MalformedRequestFilter()
 
 
 def install_log_rate_limit(names: Iterable[str] = GUARDED_LOGGERS) -> RateLimitFilter:
@@ -446,6 +509,8 @@ def install_log_rate_limit(names: Iterable[str] = GUARDED_LOGGERS) -> RateLimitF
         _installed = RateLimitFilter()
     for name in names:
         logger = logging.getLogger(name)
+        if name.startswith("aiohttp") and _malformed not in logger.filters:
+            logger.addFilter(_malformed)  # before the rate limit: it sees the final text
         if _installed not in logger.filters:
             logger.addFilter(_installed)
     return _installed

@@ -359,8 +359,42 @@ def _find(
     return e
 
 
+#: Most ``Update`` managers an object keeps (upstream's ``DefaultMaxUpdateManagers``).
+MAX_UPDATE_MANAGERS = 10
+#: The entry older Update managers are merged into, one per apiVersion (upstream's).
+ANCIENT_CHANGES = "ancient-changes"
+
+
+def cap_update_managers(entries: list[Entry], cap: int = MAX_UPDATE_MANAGERS) -> list[Entry]:
+    """At most ``cap`` Update entries: the oldest are merged, fields and all, into an
+    ``ancient-changes`` Update entry of their apiVersion (upstream's capManagers;
+    Apply entries are never merged). Oldest means earliest ``time``, then name."""
+    updates = [e for e in entries if e.operation == "Update" and e.fields]
+    if len(updates) <= cap:
+        return entries
+    kept = [e for e in entries if e.fields]
+    for old in sorted(updates, key=lambda e: (e.time, e.manager)):
+        if sum(1 for e in kept if e.operation == "Update") <= cap:
+            break
+        if old.manager == ANCIENT_CHANGES and old.subresource is None:
+            continue  # already the bucket of its version
+        bucket = next(
+            (e for e in kept if e.same(ANCIENT_CHANGES, "Update", None)
+             and e.api_version == old.api_version),
+            None,
+        )  # fmt: skip
+        kept.remove(old)
+        if bucket is None:
+            kept.append(Entry(ANCIENT_CHANGES, "Update", old.api_version, old.time, None,
+                              set(old.fields)))  # fmt: skip
+        else:
+            bucket.fields |= old.fields
+            bucket.time = max(bucket.time, old.time)
+    return kept
+
+
 def _store_entries(obj: JSON, entries: list[Entry]) -> None:
-    kept = [e.dump() for e in entries if e.fields]
+    kept = [e.dump() for e in cap_update_managers(entries) if e.fields]
     meta = obj.setdefault("metadata", {})
     if kept:
         meta["managedFields"] = kept

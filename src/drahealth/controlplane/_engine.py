@@ -37,6 +37,7 @@ from ._store import Store
 from ._strategy import prepare_create, prepare_update
 from ._table import format_label_selector
 from ._validate import (
+    invalid_value,
     is_unknown_field,
     object_causes,
     prune_unknown,
@@ -44,6 +45,25 @@ from ._validate import (
 )
 
 JSON = dict[str, Any]
+#: ``spec.replicas`` is an int32 upstream.
+INT32_MAX = 2**31 - 1
+
+
+def replicas_causes(rt: ResourceType, obj: JSON) -> list[JSON]:
+    """``spec.replicas`` of a kind with a ``scale`` subresource: an int32 (upstream's field
+    type) and not negative (upstream's ``ValidateNonnegativeField``)."""
+    spec = obj.get("spec")
+    if "scale" not in rt.subresources or not isinstance(spec, dict):
+        return []
+    value = spec.get("replicas")
+    if isinstance(value, bool) or not isinstance(value, int):
+        return []  # absent (defaulted) or not a number: the type check reports it
+    if value > INT32_MAX or value < -INT32_MAX - 1:
+        detail = f"must be an int32 (at most {INT32_MAX})"
+        return [invalid_value("spec.replicas", value, detail)]
+    if value < 0:
+        return [invalid_value("spec.replicas", value, "must be greater than or equal to 0")]
+    return []
 
 
 def _must(group: str, version: str, plural: str) -> ResourceType:
@@ -212,6 +232,7 @@ class Engine:
     ) -> None:
         ns = self.store.get(NAMESPACES.key, "", _meta(obj).get("namespace") or "")
         causes = object_causes(rt, obj, self.profile, old=old, namespace=ns)
+        causes += [c for c in replicas_causes(rt, obj) if c not in causes]
         unknown = [c for c in causes if is_unknown_field(c)]
         if opts.field_validation in ("Ignore", "Warn"):
             if opts.field_validation == "Warn":
@@ -607,10 +628,16 @@ class Engine:
                 f"the URL ({name})"
             )
         replicas = (body.get("spec") or {}).get("replicas", 0)
-        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+        if (
+            isinstance(replicas, bool)
+            or not isinstance(replicas, int)
+            or not 0 <= replicas <= INT32_MAX
+        ):
             message = "must be greater than or equal to 0"
             if not isinstance(replicas, int) or isinstance(replicas, bool):
                 message = "must be an integer"
+            elif replicas > INT32_MAX:
+                message = f"must be an int32 (at most {INT32_MAX})"
             raise _status.invalid(
                 "Scale",
                 "autoscaling",

@@ -48,7 +48,7 @@ from lightkube.resources.core_v1 import Event, Pod
 from lightkube.types import PatchType
 
 from drahealth.controlplane._batch import TRACKING_FINALIZER
-from drahealth.controlplane._loop import reconcile_loop
+from drahealth.controlplane._loop import reconcile_loop, slow_start
 from drahealth.kube import Reflector, make_event
 
 __all__ = ["JobStandIn", "match_pod_failure_policy"]
@@ -443,8 +443,21 @@ class JobStandIn:
         missing = min(want - terminating - len(active), MAX_CREATE_PER_PASS)
         if missing <= 0 or backoff.remaining(self.backoff, self.max_backoff, time.time()) > 0:
             return active
-        for _ in range(missing):
+        meta = job["metadata"]
+
+        def wanted() -> bool:
+            cached = self.jobs.store.get(meta["namespace"], meta["name"])
+            return (
+                cached is not None
+                and cached.metadata is not None
+                and cached.metadata.uid == meta["uid"]
+                and cached.metadata.deletionTimestamp is None
+            )
+
+        async def create() -> None:
             active.append(await self._create(job))
+
+        await slow_start(missing, create, wanted)
         return active
 
     async def _create(self, job: JSON) -> JSON:

@@ -1,7 +1,10 @@
 """The loop every stand-in controller runs: reflectors in, one pass per change.
 
 Owns :func:`reconcile_loop` (start the reflectors, wait for their first LIST, then run
-``step`` after every change, at least once a second, logging API errors and going on).
+``step`` after every change, at least once a second, logging API errors and going on)
+and :func:`slow_start` (how a stand-in creates many objects for one owner: batches of
+1, 2, 4, ... as upstream's ``slowStartBatch``, the owner re-checked before each batch and
+each create, stopping at the first failure).
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ from lightkube import ApiError
 
 from drahealth.kube import Reflector
 
-__all__ = ["reconcile_loop"]
+__all__ = ["BURST", "reconcile_loop", "slow_start"]
+
+#: Most objects one pass creates for one owner (upstream's ``BurstReplicas``).
+BURST = 500
 
 log = logging.getLogger(__name__)
 
@@ -44,3 +50,33 @@ async def reconcile_loop(
     finally:
         for r in reflectors:
             await r.stop()
+
+
+async def slow_start(
+    count: int, create: Callable[[], Awaitable[None]], still_wanted: Callable[[], bool]
+) -> int:
+    """Run ``create`` up to ``count`` times in growing batches; how many succeeded.
+
+    Before each batch and each create, ``still_wanted()`` (the owner still exists and is
+    not being deleted, read from the caller's cache) must hold, so a deleted owner stops
+    the work at once. A failed create ends the run: its error propagates after the
+    batch it was in has finished.
+    """
+    done = 0
+    batch = min(count, 1)
+    while batch > 0 and still_wanted():
+
+        async def one() -> bool:
+            if not still_wanted():
+                return False
+            await create()
+            return True
+
+        results = await asyncio.gather(*(one() for _ in range(batch)), return_exceptions=True)
+        done += sum(1 for r in results if r is True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        count -= batch
+        batch = min(count, 2 * batch)
+    return done

@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import hashlib
 import json
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import msgspec
 import yaml
@@ -90,6 +94,60 @@ _BODY_TYPES = ("application/json", "application/yaml", PROTOBUF)
 WATCH_WRITE_TIMEOUT_S = 10.0
 
 
+#: Paths answered even when every connection is busy (on an overflow connection).
+HEALTH_PATHS = ("/healthz", "/readyz", "/livez")
+#: Connections read over the cap for :data:`HEALTH_PATHS` alone.
+HEALTH_OVERFLOW_CONNECTIONS = 16
+
+
+class WatchSlots:
+    """Caps on open watches: ``total`` in all and ``per_client`` per client (its address,
+    ``Authorization`` and ``User-Agent``), so watches can never take every connection
+    and one client cannot take every watch. Over a cap a watch is answered 429 with
+    ``Retry-After`` (upstream's priority-and-fairness answer), and client-go, kubectl and
+    lightkube watchers retry.
+    """
+
+    def __init__(self, max_connections: int) -> None:
+        reserve = max(1, min(64, max_connections // 8))
+        self.total = max(1, max_connections - reserve)
+        self.per_client = max(1, self.total // 2)
+        self.active = 0
+        self.refused = 0
+        self._by_client: dict[tuple[str, str, str], int] = {}
+
+    @staticmethod
+    def client(request: web.Request) -> tuple[str, str, str]:
+        auth = request.headers.get("Authorization", "")
+        digest = hashlib.sha256(auth.encode(errors="replace")).hexdigest()[:16] if auth else ""
+        return str(request.remote or ""), digest, request.headers.get("User-Agent", "")[:64]
+
+    def acquire(self, key: tuple[str, str, str]) -> bool:
+        held = self._by_client.get(key, 0)
+        if self.active >= self.total or held >= self.per_client:
+            self.refused += 1
+            return False
+        self._by_client[key] = held + 1
+        self.active += 1
+        return True
+
+    def release(self, key: tuple[str, str, str]) -> None:
+        held = self._by_client.get(key, 0) - 1
+        if held > 0:
+            self._by_client[key] = held
+        else:
+            self._by_client.pop(key, None)
+        self.active -= 1
+
+
+def _too_many_watches() -> web.Response:
+    body = _status.status(429, "Too many requests, please try again later.", "TooManyRequests")
+    body.setdefault("details", {})["retryAfterSeconds"] = 1
+    resp = _respond(body, 429)
+    resp.headers["Retry-After"] = "1"
+    return resp
+
+
 class _SlowConsumer(Exception):
     """The watch client does not read: a write did not complete in time."""
 
@@ -133,6 +191,62 @@ def _as_version(rt: ResourceType, obj: JSON) -> JSON:
     if obj.get("apiVersion") == rt.api_version:
         return obj
     return {**obj, "apiVersion": rt.api_version}
+
+
+#: A watch ends after at most this long (upstream's ``--min-request-timeout`` is 1800 s;
+#: a watch without ``timeoutSeconds`` gets a random length in [that, twice that), and a
+#: client asking for longer gets the upper end); the client re-watches.
+MIN_REQUEST_TIMEOUT_S = 1800
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def watch_timeout(raw: str | None) -> float:
+    """Seconds a watch may run: ``timeoutSeconds`` parsed as upstream does (a base-10
+    int64; anything else is 400), 0 or absent meaning the server's own bound."""
+    if raw is None or raw == "":
+        seconds = 0
+    else:
+        text = raw.strip()
+        digits = text[1:] if text[:1] in "+-" else text
+        if not digits.isascii() or not digits.isdigit() or len(digits) > 19:
+            raise _status.bad_request(
+                f"timeoutSeconds: Invalid value: {raw[:32]!r}: must be an integer"
+            )
+        seconds = int(text)
+        if not _INT64[0] <= seconds <= _INT64[1]:
+            raise _status.bad_request(
+                f"timeoutSeconds: Invalid value: {raw[:32]!r}: out of range for an int64"
+            )
+    if seconds == 0:
+        return MIN_REQUEST_TIMEOUT_S * (1 + random.random())
+    return float(min(max(seconds, 0), 2 * MIN_REQUEST_TIMEOUT_S))
+
+
+def path_segments(raw_path: str) -> list[str]:
+    """The decoded segments of a request path, as the real server accepts them.
+
+    Read from the raw request target (never a normalised one, where ``a/../b`` already
+    became ``b``). A trailing slash is ignored; an empty segment (``a//b``) is 404; a
+    segment that is ``.`` or ``..`` or that holds ``/`` or ``%`` once decoded is 400
+    (upstream's ``IsValidPathSegmentName``).
+    """
+    path = raw_path.split("?", 1)[0].split("#", 1)[0]
+    inner = path.split("/")[1:]
+    if inner and inner[-1] == "":
+        inner.pop()
+    parts = [unquote(p) for p in inner]
+    for part in parts:
+        if not part:
+            raise _not_found_path()
+        problem = None
+        if part in (".", ".."):
+            problem = f"may not be '{part}'"
+        elif "/" in part or "%" in part:
+            problem = f"may not contain '{'/' if '/' in part else '%'}'"
+        if problem is not None:
+            shown = part if len(part) <= 64 else part[:64] + "..."
+            raise _status.bad_request(f"invalid path segment {shown!r}: {problem}")
+    return parts
 
 
 def _manager_from_agent(agent: str) -> str:
@@ -189,6 +303,8 @@ class APIServer:
         self._host = "127.0.0.1"
         self._port: int | None = None
         self._journal: Journal | None = None
+        #: Caps on open watches (sized from the connection cap when the server starts).
+        self.watch_slots = WatchSlots(self.http_limits.max_connections)
         #: Log size that triggers a snapshot, and the retry interval after a failure.
         self.persist_compact_bytes = COMPACT_BYTES
         self.persist_retry_interval = RETRY_INTERVAL_S
@@ -207,7 +323,13 @@ class APIServer:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self._load()
-        guard = HTTPGuard(host, limits=self.http_limits, allowed_hosts=self.allowed_hosts)
+        limits = self.http_limits
+        if limits.overflow_connections < HEALTH_OVERFLOW_CONNECTIONS:
+            limits = dataclasses.replace(limits, overflow_connections=HEALTH_OVERFLOW_CONNECTIONS)
+        guard = HTTPGuard(
+            host, limits=limits, allowed_hosts=self.allowed_hosts, always_paths=HEALTH_PATHS
+        )
+        self.watch_slots = WatchSlots(guard.max_connections)
         app = web.Application(
             middlewares=[*guard.middlewares, _errors], client_max_size=8 * 1024 * 1024
         )
@@ -342,7 +464,7 @@ class APIServer:
     # ------------------------------------------------------------------ routing
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
-        parts = [p for p in request.path.split("/") if p]
+        parts = path_segments(request.raw_path)
         if not parts:
             return _respond(
                 {
@@ -594,7 +716,13 @@ class APIServer:
             if name is None:
                 labels, fields = self._selectors(request, rt)
                 if _truthy(q.get("watch")):
-                    return await self._watch(request, rt, ns, labels, fields)
+                    slots, client = self.watch_slots, WatchSlots.client(request)
+                    if not slots.acquire(client):
+                        return _too_many_watches()
+                    try:
+                        return await self._watch(request, rt, ns, labels, fields)
+                    finally:
+                        slots.release(client)
                 self._refuse_future_rv(q.get("resourceVersion"))
                 items = self.engine.select(rt, ns, labels, fields)
                 if as_table:
@@ -736,10 +864,7 @@ class APIServer:
                         400, f"resourceVersion: Invalid value: {rv!r}: must be an integer"
                     )
                 ) from e
-        try:
-            timeout = float(q["timeoutSeconds"]) if q.get("timeoutSeconds") else None
-        except ValueError as e:
-            raise _status.bad_request("timeoutSeconds must be a number") from e
+        timeout = watch_timeout(q.get("timeoutSeconds"))
         bookmarks = _truthy(q.get("allowWatchBookmarks"))
         as_table = wants_table(request.headers.get("Accept", ""))
         include = q.get("includeObject", "Metadata")
@@ -781,7 +906,7 @@ class APIServer:
                 meta["annotations"] = {"k8s.io/initial-events-end": "true"}
             return {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": meta}
 
-        deadline = time.monotonic() + timeout if timeout is not None else None
+        deadline = time.monotonic() + timeout
         try:
             await resp.prepare(request)
             for kind, obj in initial:
@@ -789,14 +914,12 @@ class APIServer:
             if send_initial and bookmarks:
                 await send("BOOKMARK", bookmark(end_of_initial=True))
             while True:
-                wait: float | None = self.bookmark_interval if bookmarks else None
-                if deadline is not None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    wait = left if wait is None else min(wait, left)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                wait = min(self.bookmark_interval, left) if bookmarks else left
                 try:
-                    item = await asyncio.wait_for(watcher.queue.get(), wait)
+                    item = await asyncio.wait_for(watcher.take(), wait)
                 except TimeoutError:
                     if bookmarks and watcher.queue.empty():
                         await send("BOOKMARK", bookmark())

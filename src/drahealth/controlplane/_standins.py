@@ -12,9 +12,11 @@ and logs a warning naming the rule. Rules are read at the version the release pr
 serves; their ``status`` is written only where the release has it (1.35+).
 
 Owns :class:`ReplicaSetStandIn`: keeps ``spec.replicas`` live pods (not ended, not
-being deleted) per ReplicaSet from its template, as the ReplicaSet controller does,
-and writes its status (``replicas``, ``fullyLabeledReplicas``, ``readyReplicas``,
-``availableReplicas`` after ``minReadySeconds``, ``observedGeneration``).
+being deleted) per ReplicaSet from its template, as the ReplicaSet controller does
+(at most :data:`~._loop.BURST` creates per pass, in slow-start batches, stopping at once
+when the set is deleted or replaced), and writes its status (``replicas``,
+``fullyLabeledReplicas``, ``readyReplicas``, ``availableReplicas`` after
+``minReadySeconds``, ``observedGeneration``).
 
 :class:`StandIns` runs the scheduler, resourceclaim, Deployment (``_deployments``) and Job
 (``_jobs``) stand-ins and these two, following a release profile: the eviction stand-in
@@ -28,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import functools
 import logging
 import secrets
 import time
@@ -47,7 +50,7 @@ from drahealth.controlplane._claims import ClaimsStandIn
 from drahealth.controlplane._deployments import DeploymentStandIn
 from drahealth.controlplane._eviction import with_condition
 from drahealth.controlplane._jobs import JobStandIn
-from drahealth.controlplane._loop import reconcile_loop
+from drahealth.controlplane._loop import BURST, reconcile_loop, slow_start
 from drahealth.controlplane._scheduler import SchedulerStandIn, rule_class, rule_taints
 from drahealth.core import (
     NEWEST_KUBE_VERSION,
@@ -333,9 +336,13 @@ class ReplicaSetStandIn:
             meta, spec = rs["metadata"], rs.get("spec") or {}
             owned = [p for p in pods if _owned_by(p, meta)]
             live = sorted((p for p in owned if _live(p)), key=lambda p: p["metadata"]["name"])
-            want = int(spec.get("replicas", 1))
-            for _ in range(want - len(live)):
-                await self._create(rs)
+            want = max(0, int(spec.get("replicas", 1)))
+            if not self._current(meta):
+                continue  # deleted (or replaced) since this pass began
+            missing = min(want - len(live), BURST)
+            if missing > 0:
+                await slow_start(missing, functools.partial(self._create, rs),
+                                 functools.partial(self._current, meta))  # fmt: skip
             for extra in live[want:]:
                 with contextlib.suppress(ApiError):
                     await self.client.delete(
@@ -348,6 +355,13 @@ class ReplicaSetStandIn:
                         ReplicaSet.Status, meta["name"], {"status": status},
                         namespace=meta["namespace"], patch_type=PatchType.MERGE,
                     )  # fmt: skip
+
+    def _current(self, meta: JSON) -> bool:
+        """Whether the set ``meta`` describes is still in the cache, same uid, not deleting."""
+        cached = self.sets.store.get(meta["namespace"], meta["name"])
+        if cached is None or cached.metadata is None:
+            return False
+        return cached.metadata.uid == meta["uid"] and cached.metadata.deletionTimestamp is None
 
     async def _create(self, rs: JSON) -> None:
         meta = rs["metadata"]

@@ -2,8 +2,10 @@
 
 Owns every stored object (plain JSON dicts, treated as immutable once stored), the
 single monotonically increasing resourceVersion stamped on every write, a bounded
-buffer of recent events (``window`` events; older resourceVersions are answered with
-``Expired``), and the per-watcher ``asyncio.Queue``s. Knows nothing of HTTP,
+buffer of recent events (at most ``window`` events and ``window_bytes`` of encoded
+objects, :data:`WINDOW_BYTES` by default; older resourceVersions are answered with
+``Expired``), and the per-watcher ``asyncio.Queue``s (each bounded in events and in
+bytes the same way; a watcher over either bound is closed and re-watches). Knows nothing of HTTP,
 validation or kinds beyond a storage key string.
 
 Durability hand-off: with ``journaled`` set (a data file is in use), every write is
@@ -22,6 +24,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 JSON = dict[str, Any]
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
@@ -68,6 +72,16 @@ class Change:
 
 #: Most events queued for one watcher; a watcher that falls this far behind is closed.
 WATCH_QUEUE_LIMIT = 1000
+#: Most bytes (encoded objects) the event window, and one watcher's queue, hold.
+WINDOW_BYTES = 64 << 20
+
+
+def event_size(ev: Event) -> int:
+    """What buffering ``ev`` costs: its object and the object it replaced, encoded."""
+    size = len(msgspec.json.encode(ev.obj))
+    if ev.old is not None:
+        size += len(msgspec.json.encode(ev.old))
+    return size
 
 
 @dataclass(eq=False)
@@ -84,20 +98,36 @@ class Watcher:
     namespace: str | None
     match: Callable[[JSON], bool]
     limit: int = WATCH_QUEUE_LIMIT
+    limit_bytes: int = WINDOW_BYTES
     queue: asyncio.Queue[tuple[str, JSON] | None] = field(default_factory=asyncio.Queue)
     closed: bool = False
+    #: Bytes of the queued events (see :func:`event_size`), and each one's share.
+    queued_bytes: int = 0
+    _sizes: deque[int] = field(default_factory=deque)
 
-    def offer(self, ev: Event) -> bool:
-        """Queue what this watcher sees of ``ev``; False when its queue is full."""
+    def offer(self, ev: Event, size: int = 0) -> bool:
+        """Queue what this watcher sees of ``ev`` (``size``: its :func:`event_size`);
+        False when its queue is full (in events or in bytes)."""
         if self.closed:
             return True
         out = self.translate(ev)
         if out is None:
             return True
-        if self.queue.qsize() >= self.limit:
+        if self.queue.qsize() >= self.limit or (
+            self.queued_bytes and self.queued_bytes + size > self.limit_bytes
+        ):
             return False
         self.queue.put_nowait(out)
+        self._sizes.append(size)
+        self.queued_bytes += size
         return True
+
+    async def take(self) -> tuple[str, JSON] | None:
+        """The next queued event (``None``: the stream ends)."""
+        item = await self.queue.get()
+        if item is not None and self._sizes:
+            self.queued_bytes -= self._sizes.popleft()
+        return item
 
     def close(self, *, drop_queued: bool = True) -> None:
         """End the stream with ``None``; a slow watcher's queued events are dropped."""
@@ -106,6 +136,9 @@ class Watcher:
         self.closed = True
         while drop_queued and not self.queue.empty():
             self.queue.get_nowait()
+        if drop_queued:
+            self._sizes.clear()
+            self.queued_bytes = 0
         self.queue.put_nowait(None)
 
     def translate(self, ev: Event) -> tuple[str, JSON] | None:
@@ -133,12 +166,16 @@ class Store:
     #: Watchers closed because they could not keep up (queue full or writes stuck).
     slow_watchers_closed: int = 0
 
-    def __init__(self, window: int = 1000) -> None:
+    def __init__(self, window: int = 1000, window_bytes: int = WINDOW_BYTES) -> None:
         self.window = max(1, window)
+        self.window_bytes = max(1, window_bytes)
         self.rv = 0
         self._floor = 0
         self._objects: dict[str, dict[tuple[str, str], JSON]] = {}
         self._events: deque[Event] = deque()
+        self._event_sizes: deque[int] = deque()
+        #: Bytes the buffered events hold (see :func:`event_size`).
+        self.window_bytes_used = 0
         self._watchers: set[Watcher] = set()
         self.on_write: Callable[[], None] | None = None
         #: Newest resourceVersion whose write is durable (== ``rv`` without a journal).
@@ -161,12 +198,22 @@ class Store:
 
     # ------------------------------------------------------------------ writes
 
+    @property
+    def buffered_events(self) -> int:
+        return len(self._events)
+
     def _publish(self, ev: Event) -> None:
-        if len(self._events) >= self.window:
-            self._floor = self._events.popleft().rv
+        size = event_size(ev)
         self._events.append(ev)
+        self._event_sizes.append(size)
+        self.window_bytes_used += size
+        while len(self._events) > 1 and (
+            len(self._events) > self.window or self.window_bytes_used > self.window_bytes
+        ):
+            self._floor = self._events.popleft().rv
+            self.window_bytes_used -= self._event_sizes.popleft()
         for w in list(self._watchers):
-            if not w.offer(ev):
+            if not w.offer(ev, size):
                 self.close_slow(w)
 
     def _emit(self, ev: Event, ident: tuple[str, str], old: JSON | None, new: JSON | None) -> None:
@@ -209,6 +256,8 @@ class Store:
     def compact(self) -> None:
         """Forget all buffered events: any resourceVersion below the current one expires."""
         self._events.clear()
+        self._event_sizes.clear()
+        self.window_bytes_used = 0
         self._floor = self.committed_rv
 
     # ------------------------------------------------------------------ durability
@@ -290,7 +339,7 @@ class Store:
         ``since=None`` means "current state": synthetic ADDED events for every
         matching object. Otherwise buffered events after ``since`` are replayed.
         """
-        w = Watcher(key, namespace, match, self.watch_queue_limit)
+        w = Watcher(key, namespace, match, self.watch_queue_limit, self.window_bytes)
         initial: list[tuple[str, JSON]] = []
         if since is None:
             initial = [(ADDED, o) for o in self.committed_objects(key, namespace) if match(o)]
@@ -333,4 +382,6 @@ class Store:
         self.committed_rv = rv
         self._floor = rv
         self._events.clear()
+        self._event_sizes.clear()
+        self.window_bytes_used = 0
         self._pending.clear()

@@ -15,9 +15,12 @@ Owns ``<data file>.wal`` and the :class:`Journal` that keeps it and the snapshot
       <crc32> {"rv": N, "key": "/pods", "ns": "default", "name": "p", "object": {...}}
 
   ``"object": null`` is a deletion. Replay applies, in order, the records newer than
-  the snapshot's resourceVersion (resourceVersions must increase). An unterminated or
-  checksum-failing last line is a torn, never acknowledged append and is cut off; any
-  other damage raises ``DataFileError`` naming the log (the server refuses to start).
+  the snapshot's resourceVersion (resourceVersions must increase). Only an
+  unterminated last line is a torn, never acknowledged append and is cut off (an append
+  is acknowledged after its newline is fsynced). Any other damage, a complete
+  (newline-terminated) last record with a bad checksum included, raises
+  ``DataFileError`` naming the log, the line and its byte offset: the server refuses to
+  start rather than lose an acknowledged write and hand its resourceVersion out again.
 * Compaction: when the log outgrows ``max(compact_bytes, last snapshot size)`` the
   durable state is copied on the loop (a shallow copy: stored objects never change),
   written as a new snapshot by a worker thread, and the log is then rewritten to hold
@@ -42,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 from drahealth import _durable
-from drahealth._durable import LineChecksumError
 
 from . import _persist
 from ._persist import DataFileError, decode_line, encode_line
@@ -129,7 +131,8 @@ class Log:
 def replay(path: Path, base_rv: int, state: _persist.State) -> tuple[int, int, int]:
     """Apply the log at ``path`` to ``state``; ``(resourceVersion, good size, torn bytes)``.
 
-    Raises DataFileError naming the log for anything but a torn last line.
+    Raises DataFileError naming the log, line and byte offset for anything but an
+    unterminated (torn) last line.
     """
     try:
         raw = path.read_bytes()
@@ -150,17 +153,14 @@ def replay(path: Path, base_rv: int, state: _persist.State) -> tuple[int, int, i
     good = len(lines[0]) + 1
     for index, line in enumerate(lines[1:]):
         number = index + 2
+        where = f"line {number} at offset {good}"
         try:
             rec = decode_line(line)
-        except LineChecksumError as e:
-            if index == len(lines) - 2:
-                break  # the last complete line of an interrupted append
-            raise DataFileError(f"{path}: corrupt log (line {number}: {e})") from None
-        except ValueError as e:
-            raise DataFileError(f"{path}: corrupt log (line {number}: {e})") from None
+        except ValueError as e:  # a bad checksum (LineChecksumError) or not JSON
+            raise DataFileError(f"{path}: corrupt log ({where}: {e})") from None
         problem = _record_problem(rec, last)
         if problem is not None:
-            raise DataFileError(f"{path}: corrupt log (line {number}: {problem})")
+            raise DataFileError(f"{path}: corrupt log ({where}: {problem})")
         last = rec["rv"]
         good += len(line) + 1
         if last <= base_rv:
