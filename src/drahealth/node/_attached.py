@@ -392,6 +392,12 @@ class _Readings(Collector):
             "1 while the attached source answers within its timeout.",
             labels=labels,
         )
+        dropped = CounterMetricFamily(
+            "drahealth_node_attached_source_dropped",
+            "Input attached sources read and did not use, by reason (kmsg: fault lines "
+            "for no watched device, past max_devices, from user space, malformed).",
+            labels=[*labels, "reason"],
+        )
         devices = GaugeMetricFamily(
             "drahealth_node_attached_devices",
             "Devices of the driver on this node that attached sources watch.",
@@ -406,8 +412,15 @@ class _Readings(Collector):
                     family.add_metric(values, getattr(state, field))
                 answering = state.answered and now - state.last_answer <= state.spec.timeout
                 up.add_metric(values, 1.0 if answering else 0.0)
+            for running in attachment.sources:
+                counts = getattr(running.source, "dropped", None)
+                if not callable(counts):
+                    continue
+                for reason, count in sorted(counts().items()):
+                    dropped.add_metric([self._node, driver, running.name, reason], count)
         yield from families.values()
         yield up
+        yield dropped
         yield devices
         pods = self._attached.pods
         written = CounterMetricFamily(

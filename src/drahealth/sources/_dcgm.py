@@ -3,11 +3,13 @@
 Owns :class:`DcgmExporterSource` (an :class:`~drahealth.sources._attached.AttachedSource`),
 :class:`DcgmThresholds`, :class:`DcgmScrapeError` and :func:`parse_exposition`.
 
-Each poll (a worker thread) scrapes the exporter over HTTP (a timeout for the whole
-response, a size cap, no proxy, no redirect), keeps only the sample lines of the DCGM
-fields below, parses them with ``prometheus_client``'s text parser and judges every GPU
-the scrape names. A GPU is keyed by a label of its series: ``UUID`` (``key="uuid"``; the
-exporter's old namespace writes ``uuid``, its link-level series ``gpu_uuid``), ``pci_bus_id``
+Each poll (a worker thread) scrapes the exporter over HTTP (one deadline,
+``scrape_timeout``, for the whole scrape: connect, TLS handshake, request, status line,
+headers and body, however slowly the bytes come; a size cap; no proxy; no redirect),
+keeps only the sample lines of the DCGM fields below, parses them with
+``prometheus_client``'s text parser and judges every GPU the scrape names. A GPU is
+keyed by a label of its series: ``UUID`` (``key="uuid"``; the exporter's old namespace
+writes ``uuid``, its link-level series ``gpu_uuid``), ``pci_bus_id``
 (``key="pci"``) or ``gpu`` (``key="index"``), or any ``label=``; the Signal names the
 device attribute that holds the same value (``uuid``, ``resource.kubernetes.io/pciBusID``,
 ``index``, or ``by=``). A MIG device shares its GPU's PCI address: keyed by PCI (with
@@ -39,16 +41,17 @@ not name gets no signal (its lease runs down).
 
 from __future__ import annotations
 
+import http.client
+import io
 import logging
 import math
+import socket
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -361,7 +364,6 @@ class DcgmExporterSource:
         self.max_devices = max_devices
         self._clock = clock
         self._history: dict[tuple[str, str], deque[tuple[float, float]]] = {}
-        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirect())
         #: Counters for metrics and views: scrapes, failed scrapes, skipped lines.
         self.scrapes = 0
         self.scrape_errors = 0
@@ -429,6 +431,10 @@ class DcgmExporterSource:
             out.append(Signal(self.by, gpu.raw, health, message))
         return out
 
+    def dropped(self) -> dict[str, int]:
+        """What scrapes held and was not used, by reason (for the agent's metrics)."""
+        return {"malformed": self.malformed_lines, "overflow": self.dropped_devices}
+
     def _warn_once(self, what: str, text: str) -> None:
         if what not in self._warned:
             self._warned.add(what)
@@ -437,34 +443,49 @@ class DcgmExporterSource:
     # -- scraping --------------------------------------------------------------------------
 
     def _scrape(self) -> str:
-        request = urllib.request.Request(
-            self.url, headers={"Accept": "text/plain;version=0.0.4", "User-Agent": "drahealth"}
-        )
+        """The body of one GET of the exporter, within ``scrape_timeout`` seconds for
+        everything (connect, TLS, request, status line, headers and body: every read
+        waits at most for what is left of that one deadline, so bytes trickled one at a
+        time cannot stretch it) and at most ``max_bytes`` of body."""
         deadline = time.monotonic() + self.scrape_timeout
+        parts = urllib.parse.urlsplit(self.url)
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        conn = _deadline_connection(parts, deadline)
         try:
-            with self._opener.open(request, timeout=self.scrape_timeout) as response:
-                chunks: list[bytes] = []
-                size = 0
-                while True:
-                    chunk = response.read1(65536)  # returns what one recv got
-                    if not chunk:
-                        break
-                    size += len(chunk)
-                    if size > self.max_bytes:
-                        raise DcgmScrapeError(
-                            f"dcgm-exporter {self.url}: response over {self.max_bytes} bytes"
-                        )
-                    if time.monotonic() > deadline:
-                        raise DcgmScrapeError(
-                            f"dcgm-exporter {self.url}: no complete response in "
-                            f"{self.scrape_timeout:g} s"
-                        )
-                    chunks.append(chunk)
-        except urllib.error.HTTPError as exc:
-            raise DcgmScrapeError(f"dcgm-exporter {self.url}: HTTP {exc.code}") from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
+            conn.request(
+                "GET",
+                path,
+                headers={
+                    "Accept": "text/plain;version=0.0.4",
+                    "User-Agent": "drahealth",
+                    "Connection": "close",
+                },
+            )
+            response = conn.getresponse()
+            if response.status != 200:  # no redirect is followed: dcgm-exporter has none
+                raise DcgmScrapeError(f"dcgm-exporter {self.url}: HTTP {response.status}")
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                chunk = response.read1(65536)
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > self.max_bytes:
+                    raise DcgmScrapeError(
+                        f"dcgm-exporter {self.url}: response over {self.max_bytes} bytes"
+                    )
+                chunks.append(chunk)
+        except (_DeadlinePassed, TimeoutError):
+            raise DcgmScrapeError(
+                f"dcgm-exporter {self.url}: timed out, no complete response in "
+                f"{self.scrape_timeout:g} s"
+            ) from None
+        except (http.client.HTTPException, OSError, ValueError) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
             raise DcgmScrapeError(f"dcgm-exporter {self.url}: {reason}") from None
+        finally:
+            conn.close()
         return b"".join(chunks).decode("utf-8", errors="replace")
 
     # -- judging ---------------------------------------------------------------------------
@@ -594,8 +615,95 @@ def _int(text: str) -> int | None:
         return None
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """dcgm-exporter never redirects; a redirect is an error, not a second request."""
+class _DeadlinePassed(Exception):
+    """The scrape's total deadline passed (before or during a read)."""
 
-    def redirect_request(self, *args: object, **kwargs: object) -> None:
-        return None
+
+class _DeadlineReader(io.RawIOBase):
+    """Reads of a socket, each waiting at most until the scrape's deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self._sock = sock
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise _DeadlinePassed
+        self._sock.settimeout(left)
+        try:
+            return self._sock.recv_into(buffer)
+        except TimeoutError:
+            raise _DeadlinePassed from None
+
+
+class _DeadlineSocket:
+    """What ``http.client`` needs of a socket, bound by one deadline: sends wait at most
+    until it, and the response is read through :class:`_DeadlineReader`."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock = sock
+        self._deadline = deadline
+
+    def _left(self) -> float:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise _DeadlinePassed
+        return left
+
+    def sendall(self, data: bytes) -> None:
+        self._sock.settimeout(self._left())
+        self._sock.sendall(data)
+
+    def makefile(self, mode: str, *args: object, **kwargs: object) -> io.BufferedReader:
+        return io.BufferedReader(_DeadlineReader(self._sock, self._deadline))
+
+    def close(self) -> None:
+        """``http.client`` closes the connection once the response is read or will be
+        read to its end; the socket is closed by the scrape, after the body."""
+
+
+def _deadline_connection(parts: urllib.parse.SplitResult, deadline: float) -> _Connection:
+    """An HTTP(S) connection to ``parts``' host whose connect, TLS handshake, request
+    and response all end by ``deadline`` (no proxy is used)."""
+    host = parts.hostname or ""
+    port = parts.port
+    left = max(deadline - time.monotonic(), 0.001)
+    if parts.scheme == "https":
+        return _Connection(http.client.HTTPSConnection(host, port, timeout=left), deadline)
+    return _Connection(http.client.HTTPConnection(host, port, timeout=left), deadline)
+
+
+class _Connection:
+    """One connection of one scrape: connects (within the deadline; a TLS handshake
+    is bounded by the socket timeout as a whole), then every read and write is bound by
+    the deadline."""
+
+    def __init__(self, conn: http.client.HTTPConnection, deadline: float) -> None:
+        self._conn = conn
+        self._deadline = deadline
+        self._sock: socket.socket | None = None
+
+    def request(self, method: str, path: str, headers: Mapping[str, str]) -> None:
+        conn = self._conn
+        if time.monotonic() >= self._deadline:
+            raise _DeadlinePassed
+        conn.connect()  # create_connection and the TLS handshake, within the timeout
+        sock = conn.sock
+        assert sock is not None
+        self._sock = sock
+        conn.sock = _DeadlineSocket(sock, self._deadline)
+        conn.request(method, path, headers=dict(headers))
+
+    def getresponse(self) -> http.client.HTTPResponse:
+        return self._conn.getresponse()
+
+    def close(self) -> None:
+        self._conn.close()
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None

@@ -16,7 +16,11 @@ each poll answers for exactly those values.
 * :class:`ExecAttachedProbe` runs ``command`` once per device per poll, ``{key}`` in its
   arguments and ``DRAHEALTH_KEY`` / ``DRAHEALTH_KEY_ATTRIBUTE`` in its environment;
   exit 0 Healthy, 1 Unhealthy, anything else (a timeout, a command that cannot start)
-  Unknown; the first output line is the message. At most ``parallel`` run at once.
+  Unknown; the first output line is the message. At most ``parallel`` run at once, each
+  bounded as :func:`~drahealth.sources._probe.run_probe` runs it. A value is checked
+  before it is substituted (:func:`~drahealth.core.command_value_problem`, the check of
+  repairs): one that fails it is never passed on, and only its device reads Unknown,
+  with the reason. ``{key}`` always stays one argument.
 * :class:`FileAttachedProbe` reads a JSON file ``{"devices": [{"key": "<value>",
   "health": "Unhealthy", "message": "...", "time": <unix seconds>}]}`` that a vendor tool
   keeps current; a device the file does not list, an entry older than ``max_age`` and
@@ -33,11 +37,18 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from drahealth.core import Health, Signal, normalize_key, normalize_pci_address
+from drahealth.core import (
+    Health,
+    Signal,
+    command_value_problem,
+    normalize_key,
+    normalize_pci_address,
+)
 from drahealth.sources._latch import FaultLatch
 from drahealth.sources._pci import AerThresholds, PciDevice, PciSource
 from drahealth.sources._probe import (
     ProbeFileError,
+    probe_entry_age,
     probe_file_entries,
     read_probe_file,
     run_probe,
@@ -179,6 +190,12 @@ class ExecAttachedProbe:
         ]
 
     def _run(self, key: str) -> tuple[Health, str]:
+        problem = command_value_problem(key, self.by)
+        if problem:  # a ResourceSlice's value is checked before it reaches a process
+            return (
+                Health.UNKNOWN,
+                f"{self.by} value {key[:64]!r} not passed to the probe: {problem}",
+            )
         argv = [a.replace("{key}", key) for a in self.command]
         env = {"DRAHEALTH_KEY": key, "DRAHEALTH_KEY_ATTRIBUTE": self.by}
         return run_probe(argv, env, self.run_timeout)
@@ -232,10 +249,9 @@ class FileAttachedProbe:
             if entry is None:
                 out.append(Signal(self.by, key, Health.UNKNOWN, f"not listed in {self.path}"))
                 continue
-            age = now - float(entry.get("time", mtime))
-            if age > self.max_age:
-                message = f"{self.path}: no update for {age:.0f} s"
-                out.append(Signal(self.by, key, Health.UNKNOWN, message))
+            stale = probe_entry_age(entry, mtime, now, self.max_age, self.path)
+            if stale:
+                out.append(Signal(self.by, key, Health.UNKNOWN, stale))
                 continue
             message = str(entry.get("message", ""))[:_MAX_MESSAGE]
             out.append(Signal(self.by, key, Health(entry["health"]), message))

@@ -9,10 +9,10 @@ Lines read (the address is what the device's ResourceSlice publishes as its PCI 
 
 * ``NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.``
   and its variants: with or without ``pid=``/``name=``, ``PCI:`` or not, a function digit
-  or not, behind any prefix (``[12345.678901]``, ``Mar 27 00:13:33 host kernel:``, an ISO
-  time). Meaning and severity come from core's one XID table (application XIDs are
-  informational: the device stays Healthy and the message is shown; every other XID is
-  fatal); an XID the table does not know is described in the driver's own words;
+  or not, behind a text log's known prefix only (``[12345.678901]``, ``Mar 27 00:13:33
+  host kernel:``, an ISO time and ``host kernel:``). Meaning and severity come from
+  core's one XID table (application XIDs are informational: the device stays Healthy
+  and the message is shown; every other XID is fatal); an XID the table does not know is described in the driver's own words;
 * ``NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.`` and the three-line
   ``NVRM: The NVIDIA GPU 0000:3b:00.0 ... has fallen off the bus`` notice: as XID 79;
 * ``amdgpu 0000:03:00.0: amdgpu: GPU reset(2) failed``: fatal; ``GPU reset(3)
@@ -21,11 +21,25 @@ Lines read (the address is what the device's ResourceSlice publishes as its PCI 
   wedged); ``i915 0000:00:02.0: [drm] GPU HANG: ecode ...``: informational (the driver
   resets the engine).
 
+Only what the driver wrote counts: every pattern must match at the START of the
+kernel's message (the record's message, or a text line after its known prefix), never
+inside it, so text the kernel echoes for a user (``tmpfs: Unknown parameter 'NVRM: Xid
+...'``) is no fault; a /dev/kmsg record must have the kernel's facility, and a record
+whose ``DEVICE=+pci:`` context names another device than its message is ignored. (A
+text log is only as trustworthy as what writes it: syslog lets any local user log with
+the tag ``kernel``; read /dev/kmsg, or ``journalctl -k``'s output, where that matters.)
+
 A fatal line leaves no "recovered" line behind it, so the fault is latched: the device
 stays Unhealthy until ``clear_after`` seconds pass without a new fatal line for it
 (``None``: until the source restarts). Every device a line ever named (at most
 ``max_devices``) is answered for on every poll, Healthy once its latch ends, so its lease
-never runs out; devices no line named get no signal from this source.
+never runs out; devices no line named get no signal from this source. Once the agent
+names the watched devices (:meth:`KmsgSource.watch_keys`, their PCI addresses), only
+their lines are latched and answered for; a line for another address is dropped, and
+room for a watched device is made by forgetting unwatched devices first. Every fault
+line not latched (unwatched, past ``max_devices``, foreign) is counted
+(:meth:`KmsgSource.dropped`, the agent's ``drahealth_node_attached_source_dropped``) and
+logged at most once a minute per reason.
 
 ``/dev/kmsg`` is read record by record (``prio,seq,usec,flags;message``, continuation
 lines ignored, ``\\xNN`` escapes decoded), non-blocking; records user space wrote (any
@@ -38,15 +52,21 @@ A plain file is followed like ``tail -F`` (rotation and truncation survived) fro
 as of the source's creation (a file not there yet is read from its start once it
 appears); ``from_start=True`` reads its last ``backlog_bytes`` first, as new lines.
 
-Hostile input: a line longer than ``max_line_bytes`` is cut, invalid UTF-8 is replaced,
-control characters never reach a message, at most ``max_lines`` lines are read per poll
-(the rest on the next), and every line that is not understood is counted, never raised.
+Hostile input: a line longer than ``max_line_bytes`` is cut (the rest up to its newline
+dropped) and counted, invalid UTF-8 is replaced, control characters never reach a
+message, one poll reads at most ``max_lines`` lines, ``max_poll_bytes`` bytes and for
+half a second (the rest on the next), and every line that is not understood is counted,
+never raised. Reads never block: a followed path must name a regular file (checked on
+what was opened), the kmsg path a character device; anything else (a FIFO, a symlink to
+/dev/zero) fails each poll with an error naming it, and the source reads again by itself
+once a good file is back (from its start).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import math
 import os
 import re
@@ -71,20 +91,31 @@ __all__ = [
     "KmsgCounters",
     "KmsgSource",
     "MalformedLine",
+    "message_body",
     "parse_kernel_message",
 ]
+
+log = logging.getLogger(__name__)
 
 #: Bytes asked of one read() of /dev/kmsg: a record is at most 8 KiB (the kernel's
 #: CONSOLE_EXT_LOG_MAX); a smaller buffer makes read() fail with EINVAL.
 _KMSG_READ = 16384
 _FILE_READ = 65536
+#: Seconds one poll reads at most (besides its line and byte budgets).
+_POLL_SECONDS = 0.5
+#: Seconds between two log lines about dropped fault lines (per reason).
+_LOG_EVERY = 60.0
 _DETAIL_MAX = 120  # characters of the driver's own words kept in a message
 _NAME_MAX = 32
 
 # -- parsing (pure) ---------------------------------------------------------------------
 
 _ADDR = r"(?:[0-9A-Fa-f]{1,8}:)?[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-7])?"
+# Every pattern below is matched at the START of the message (``re.match``): the driver
+# writes its words first, while text the kernel echoes for a user (a mount option, a
+# module parameter, a process name) always follows the kernel's own words.
 _XID = re.compile(r"NVRM:\s+Xid\s+\((?:PCI:)?(?P<addr>[^()\s]{1,40})\):\s*(?P<xid>\d{1,5})\b")
+_XID_ANY = re.compile(r"NVRM:\s+Xid\b")
 _XID_REST = re.compile(
     r"\s*,\s*(?:pid=(?P<pid>[^,]{0,40}),\s*)?(?:name=(?P<name>[^,]{0,80}),\s*)?(?P<detail>.*)",
     re.S,
@@ -98,15 +129,35 @@ _FALLEN = re.compile(
 #: text log (in /dev/kmsg the three lines are one record).
 _FALLEN_HEAD = re.compile(rf"NVRM:\s+The NVIDIA GPU (?P<addr>{_ADDR})\s*$")
 _AMD_RESET = re.compile(
-    rf"\bamdgpu (?P<addr>{_ADDR}): (?:amdgpu: )?GPU reset\((?P<n>\d{{1,10}})\) "
+    rf"amdgpu (?P<addr>{_ADDR}): (?:amdgpu: )?GPU reset\((?P<n>\d{{1,10}})\) "
     r"(?P<result>failed|succeeded)"
 )
-_I915_WEDGED = re.compile(rf"\bi915 (?P<addr>{_ADDR}): .{{0,80}}?Failed to reset chip")
+_I915_WEDGED = re.compile(rf"i915 (?P<addr>{_ADDR}): .{{0,80}}?Failed to reset chip")
 _I915_HANG = re.compile(
-    rf"\bi915 (?P<addr>{_ADDR}): .{{0,40}}?GPU HANG: ecode (?P<ecode>[0-9A-Fa-f:]{{1,40}})"
+    rf"i915 (?P<addr>{_ADDR}): .{{0,40}}?GPU HANG: ecode (?P<ecode>[0-9A-Fa-f:]{{1,40}})"
 )
-#: Words that must be in a message for any pattern above to match: a cheap first test.
-_MARKERS = ("NVRM", "amdgpu", "i915")
+#: How a message starts for any pattern above to match: a cheap first test.
+_MARKERS = ("NVRM:", "amdgpu ", "i915 ")
+
+#: The prefixes a text log puts before the kernel's message, and nothing else: a syslog
+#: or ISO time, a host and the tag ``kernel:`` (journalctl, rsyslog), then dmesg's
+#: ``[seconds.micros]`` or ``[Fri Aug 30 11:43:09 2024]``.
+_SYSLOG_TIME = r"[^\W\d_]{3,4}\.?\s{1,2}\d{1,2}\s\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?"
+_ISO_TIME = r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?(?:Z|[+-]\d{2}:?\d{2})?"
+_DMESG_TIME = (
+    r"\[\s{0,12}\d{1,12}\.\d{1,9}\]"
+    r"|\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \d{4}\]"
+)
+_TEXT_PREFIX = re.compile(
+    rf"(?:(?:{_SYSLOG_TIME}|{_ISO_TIME})\s\S{{1,255}}\skernel:\s?)?(?:(?:{_DMESG_TIME})\s?)?"
+)
+
+
+def message_body(line: str) -> str:
+    """The kernel's message in one line of a text log: the line without the known
+    prefix (time, host and ``kernel:`` tag, dmesg time), as the kernel wrote it."""
+    match = _TEXT_PREFIX.match(line)
+    return line[match.end() :] if match is not None else line
 
 
 class MalformedLine(ValueError):
@@ -156,27 +207,32 @@ def parse_kernel_message(
     text: str,
     informational_xids: Iterable[int] = APPLICATION_XIDS,
     fatal_xids: Iterable[int] = (),
+    *,
+    record: bool = False,
 ) -> KernelEvent | None:
-    """What the kernel message ``text`` (one record, or one line of a text log, with or
-    without a prefix) says about a GPU, or ``None`` when it says nothing about one.
+    """What the kernel message ``text`` says about a GPU, or ``None`` when it says
+    nothing about one. ``text`` is one line of a text log (its known prefix is skipped,
+    see :func:`message_body`) or, with ``record=True``, the message of one /dev/kmsg
+    record. Only a message that STARTS with the driver's words counts: the same words
+    anywhere inside a message are text the kernel echoed, never a fault.
 
-    Raises :class:`MalformedLine` for an ``NVRM: Xid`` line whose address or number
+    Raises :class:`MalformedLine` for an ``NVRM: Xid`` message whose address or number
     cannot be read.
     """
-    if not any(marker in text for marker in _MARKERS):
+    body = text if record else message_body(text)
+    if not body.startswith(_MARKERS):
         return None
-    if "Xid" in text:
-        match = _XID.search(text)
-        if match is not None:
-            informational = frozenset(informational_xids)
-            return _xid_event(match, text, informational, frozenset(fatal_xids))
-        if re.search(r"NVRM:\s+Xid\b", text):
-            raise MalformedLine(f"unreadable XID line: {_clean(text, 80)!r}")
-    match = _FALLEN.search(text)
+    match = _XID.match(body)
+    if match is not None:
+        informational = frozenset(informational_xids)
+        return _xid_event(match, body, informational, frozenset(fatal_xids))
+    if _XID_ANY.match(body):
+        raise MalformedLine(f"unreadable XID line: {_clean(body, 80)!r}")
+    match = _FALLEN.match(body)
     if match is not None:
         address = normalize_pci_address(match.group("addr"))
         return KernelEvent(address, Health.UNHEALTHY, xid_message(79, True), xid=79)
-    match = _AMD_RESET.search(text)
+    match = _AMD_RESET.match(body)
     if match is not None:
         address = normalize_pci_address(match.group("addr"))
         if match.group("result") == "failed":
@@ -184,12 +240,12 @@ def parse_kernel_message(
             return KernelEvent(address, Health.UNHEALTHY, message)
         message = f"amdgpu: GPU reset {match.group('n')} succeeded"
         return KernelEvent(address, Health.HEALTHY, message, recovered=True)
-    match = _I915_WEDGED.search(text)
+    match = _I915_WEDGED.match(body)
     if match is not None:
         address = normalize_pci_address(match.group("addr"))
         message = "i915: GPU reset failed, the GPU is wedged (reboot the node)"
         return KernelEvent(address, Health.UNHEALTHY, message)
-    match = _I915_HANG.search(text)
+    match = _I915_HANG.match(body)
     if match is not None:
         address = normalize_pci_address(match.group("addr"))
         message = f"i915: GPU hang, ecode {match.group('ecode')} (the driver reset the engine)"
@@ -210,6 +266,7 @@ class _Record:
     facility: int | None = None  # None: a text line without a kmsg header
     seq: int | None = None
     usec: int | None = None
+    device: str | None = None  # the record's DEVICE=+pci:<address> context, if any
 
 
 def _unescape(text: str) -> str:
@@ -226,12 +283,43 @@ def _record(raw: bytes, headed: bool) -> _Record | None:
         if headed:
             return None
         return _Record(raw.decode("utf-8", "replace"))
-    body = raw[head.end() :].split(b"\n", 1)[0]  # continuation lines: key=value context
+    body, _, context = raw[head.end() :].partition(b"\n")
     prio, seq, usec = (int(g) for g in head.groups())
-    return _Record(_unescape(body.decode("utf-8", "replace")), prio >> 3, seq, usec)
+    device = None
+    for line in context.split(b"\n")[:8]:  # continuation lines: " KEY=value" context
+        if line.startswith(b" DEVICE=+pci:"):
+            device = normalize_pci_address(line[13:].decode("ascii", "replace").strip())
+            device = device or "?"  # named a device, but not one that reads as PCI
+    return _Record(_unescape(body.decode("utf-8", "replace")), prio >> 3, seq, usec, device)
 
 
 # -- readers ----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Budget:
+    """What one poll may read: lines, bytes and time (a monotonic deadline)."""
+
+    lines: int
+    bytes: int
+    deadline: float
+
+    def left(self, lines_read: int) -> bool:
+        return lines_read < self.lines and self.bytes > 0 and time.monotonic() < self.deadline
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISREG, "regular file"),
+    ):
+        if test(mode):
+            return name
+    return "special file"
 
 
 class _KmsgReader:
@@ -255,6 +343,10 @@ class _KmsgReader:
                 "CAP_SYSLOG where kernel.dmesg_restrict=1, and the device mounted and "
                 "allowed in a container)"
             ) from None
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISCHR(mode):
+            os.close(fd)
+            raise OSError(f"{self.path}: not a character device like /dev/kmsg (a {_kind(mode)})")
         if not self.from_start:
             os.lseek(fd, 0, os.SEEK_END)
         self.from_start = False  # a reopen after an error goes on from the end
@@ -266,14 +358,14 @@ class _KmsgReader:
         with contextlib.suppress(OSError):
             self.fd = self._open()
 
-    def read(self, max_lines: int) -> list[bytes]:
+    def read(self, budget: _Budget) -> list[bytes]:
         if self.fd is None:
             self.fd = self._open()
         out: list[bytes] = []
         overrun = 0
-        while len(out) < max_lines:
+        while budget.left(len(out)):
             try:
-                out.append(os.read(self.fd, _KMSG_READ))
+                record = os.read(self.fd, _KMSG_READ)
             except BlockingIOError:
                 self.replaying = False
                 break
@@ -281,13 +373,19 @@ class _KmsgReader:
                 # records overwritten: the kernel moved us to the next one; they are
                 # counted from the sequence gap
                 overrun += 1
-                if overrun >= max_lines:
+                if overrun >= budget.lines:
                     break
+                continue
             except OSError as exc:
                 self.close()
                 if exc.errno == errno.EINVAL:
                     raise OSError(f"{self.path}: a record longer than {_KMSG_READ} bytes") from None
                 raise
+            if not record:  # not /dev/kmsg after all (it never ends): nothing more now
+                self.replaying = False
+                break
+            budget.bytes -= len(record)
+            out.append(record)
         return out
 
     def close(self) -> None:
@@ -297,7 +395,10 @@ class _KmsgReader:
 
 
 class _FileFollower:
-    """Complete lines appended to a file, across rotation and truncation (``tail -F``)."""
+    """Complete lines appended to a regular file, across rotation and truncation
+    (``tail -F``). The path must name a regular file: anything else (a FIFO, a symlink
+    to /dev/zero) is refused with an error on every poll until a regular file is there
+    again, which is then read from its start."""
 
     headed = False
     replaying = False
@@ -317,7 +418,7 @@ class _FileFollower:
         self.fd: int | None = None
         self.ident: tuple[int, int] | None = None
         self.opened_once = False
-        self.appeared = False  # it was missing at the first try
+        self.appeared = False  # it was missing (or not a regular file) at the first try
         self.pos = 0
         self.buf = bytearray()
         self.skipping = False  # dropping the rest of a line that was cut
@@ -334,11 +435,18 @@ class _FileFollower:
         except PermissionError as exc:
             raise PermissionError(f"cannot read {self.path}: {exc.strerror}") from None
         st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            if not self.opened_once:
+                self.appeared = True  # the regular file that comes is read from its start
+            raise OSError(
+                f"{self.path}: not a regular file (a {_kind(st.st_mode)}); waiting for one"
+            )
         self.fd, self.ident = fd, (st.st_dev, st.st_ino)
         self.buf.clear()
         self.skipping = False
         self.pos = 0
-        if first and stat.S_ISREG(st.st_mode):
+        if first:
             self.pos = max(0, st.st_size - self.backlog)
             self.skipping = self.pos > 0 and self.backlog > 0  # the first line is partial
             os.lseek(fd, self.pos, os.SEEK_SET)
@@ -389,15 +497,18 @@ class _FileFollower:
             return True
         return os.fstat(self.fd).st_size < self.pos  # truncated in place (copytruncate)
 
-    def read(self, max_lines: int) -> list[bytes]:
+    def read(self, budget: _Budget) -> list[bytes]:
         out, self.pending = self.pending, []
-        first = not self.opened_once and not self.appeared
-        if self.fd is None and not self._open(first):
-            return self._bounded(out, max_lines)
-        while len(out) < max_lines:
+        max_lines = budget.lines
+        if self.fd is None:
+            first = not self.opened_once and not self.appeared
+            if not self._open(first):
+                return self._bounded(out, max_lines)
+        while budget.left(len(out)):
             assert self.fd is not None
-            data = os.read(self.fd, _FILE_READ)
+            data = os.read(self.fd, min(_FILE_READ, budget.bytes))
             if data:
+                budget.bytes -= len(data)
                 self.pos += len(data)
                 self._lines(data, out)
                 continue
@@ -407,8 +518,13 @@ class _FileFollower:
                 self._emit(bytes(self.buf), out)  # the old file's last, unterminated line
             self.close()
             self.counters.reopened += 1
-            if not self._open(first=False):
-                break
+            try:
+                if not self._open(first=False):
+                    break
+            except OSError:
+                if out:
+                    break  # hand over what was read; the next poll raises the error
+                raise
         return self._bounded(out, max_lines)
 
     def _bounded(self, lines: list[bytes], max_lines: int) -> list[bytes]:
@@ -434,14 +550,27 @@ class KmsgCounters:
     parsed: int = 0  # lines that said something about a device's health
     malformed: int = 0  # fault lines (or /dev/kmsg records) that could not be read
     unknown_device: int = 0  # fault lines naming no PCI address that can be read
-    overflow: int = 0  # fault lines for a new device past max_devices
-    foreign: int = 0  # records user space wrote to /dev/kmsg (ignored)
+    overflow: int = 0  # fault lines not latched: max_devices devices with faults held
+    unwatched: int = 0  # fault lines for an address no watched device has (ignored)
+    foreign: int = 0  # records user space wrote, or naming another device (ignored)
     lost: int = 0  # records the kernel overwrote before they were read
     truncated: int = 0  # lines cut at max_line_bytes
     reopened: int = 0  # rotations and truncations of a followed file
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+    def dropped(self) -> dict[str, int]:
+        """Lines read and not used, by reason (for the agent's metrics)."""
+        return {
+            "malformed": self.malformed,
+            "unknown_device": self.unknown_device,
+            "overflow": self.overflow,
+            "unwatched": self.unwatched,
+            "foreign": self.foreign,
+            "lost": self.lost,
+            "truncated": self.truncated,
+        }
 
 
 @dataclass(slots=True)
@@ -506,6 +635,7 @@ class KmsgSource:
         max_lines: int = 5000,
         max_line_bytes: int = 4096,
         max_devices: int = 256,
+        max_poll_bytes: int = 8 << 20,
         informational_xids: Iterable[int] = APPLICATION_XIDS,
         fatal_xids: Iterable[int] = (),
         kernel_only: bool = True,
@@ -526,6 +656,7 @@ class KmsgSource:
         self.max_lines = _count("max_lines", max_lines)
         self.max_devices = _count("max_devices", max_devices)
         _count("max_line_bytes", max_line_bytes)
+        self.max_poll_bytes = _count("max_poll_bytes", max_poll_bytes)
         _count("backlog_bytes", backlog_bytes)
         self.informational = frozenset(informational_xids) - frozenset(fatal_xids)
         self.fatal = frozenset(fatal_xids)
@@ -547,6 +678,10 @@ class KmsgSource:
             )
         self._reader.prime()
         self._devices: dict[str, _Device] = {}
+        #: The PCI addresses of the devices the agent watches (None: every address).
+        self._watched: frozenset[str] | None = None
+        self._warned_at: dict[str, float] = {}
+        self._unlogged: dict[str, int] = {}
         self._last_seq: int | None = None
         self._fallen: tuple[str, int] | None = None  # (address, lines left) of a notice
         self._signals: list[Signal] = []
@@ -558,7 +693,8 @@ class KmsgSource:
     def poll(self) -> list[Signal]:
         """Read what the log gained since the last poll; every device's health now."""
         replaying = self._reader.replaying
-        raw = self._reader.read(self.max_lines)
+        budget = _Budget(self.max_lines, self.max_poll_bytes, time.monotonic() + _POLL_SECONDS)
+        raw = self._reader.read(budget)
         if raw:
             now = self._clock()
             # the kernel's clock for the age of replayed records (CLOCK_MONOTONIC, as printk)
@@ -581,36 +717,73 @@ class KmsgSource:
         if record.facility and self.kernel_only:
             counters.foreign += 1
             return
-        text = self._join_fallen(record.text)
+        is_record = record.facility is not None
+        text = record.text if is_record else message_body(record.text)
+        text = self._join_fallen(text)
         try:
-            event = parse_kernel_message(text, self.informational, self.fatal)
+            event = parse_kernel_message(text, self.informational, self.fatal, record=True)
         except MalformedLine:
             counters.malformed += 1
             return
         if event is None:
             return
-        if event.address is None:
+        address = event.address
+        if address is None:
             counters.unknown_device += 1
+            return
+        if record.device is not None and record.device != address:
+            counters.foreign += 1  # a device's record that names another device
+            self._dropped("foreign", f"a record of {record.device} names {address}", now)
+            return
+        if self._watched is not None and address not in self._watched:
+            counters.unwatched += 1
+            self._dropped("unwatched", f"{address}, which no watched device has", now)
             return
         age = 0.0
         if kernel_now is not None and record.usec is not None:
             age = max(0.0, kernel_now - record.usec / 1e6)
-        if self._apply(event, event.address, now, now - age):
+        if self._apply(event, address, now, now - age):
             counters.parsed += 1
         else:
             counters.overflow += 1
+            self._dropped(
+                "overflow", f"{address}: {self.max_devices} devices with faults held", now
+            )
+
+    def _dropped(self, reason: str, what: str, now: float) -> None:
+        """Log a fault line that was not used, at most once a minute per reason (with
+        the count since the last log line)."""
+        self._unlogged[reason] = self._unlogged.get(reason, 0) + 1
+        if now - self._warned_at.get(reason, -math.inf) < _LOG_EVERY:
+            return
+        count = self._unlogged.pop(reason)
+        self._warned_at[reason] = now
+        log.warning(
+            "kernel log %s: fault line dropped (%s); %d dropped for this reason since the "
+            "last message",
+            self.path, what, count,
+        )  # fmt: skip
+
+    def watch_keys(self, keys: Iterable[str]) -> None:
+        """The PCI addresses of the devices the agent watches (any spelling): only their
+        fault lines are latched and answered for; a device that is no longer watched
+        keeps its latch until the room is needed."""
+        watched = {normalize_pci_address(str(k)) for k in keys}
+        self._watched = frozenset(a for a in watched if a is not None)
+        self._dirty = True
 
     def _join_fallen(self, text: str) -> str:
         """The driver's fallen-off-the-bus notice may come as three lines (records); the
-        line that says it is joined to the one that named the GPU."""
-        head = _FALLEN_HEAD.search(text) if "The NVIDIA GPU" in text else None
+        line that says it is joined to the one that named the GPU. ``text`` is a
+        message (no prefix); both lines must be the driver's (start with ``NVRM:``)."""
+        head = _FALLEN_HEAD.match(text)
         if head is not None:
             self._fallen = (head.group("addr"), 3)
             return text
         if self._fallen is None:
             return text
         address, left = self._fallen
-        if "fallen off the bus" in text:
+        if text.startswith("NVRM:") and "fallen off the bus" in text:
             self._fallen = None
             return f"NVRM: The NVIDIA GPU {address} {text}"
         self._fallen = (address, left - 1) if left > 1 else None
@@ -637,7 +810,14 @@ class KmsgSource:
         return True
 
     def _evict(self, now: float) -> bool:
-        """Make room by forgetting the device seen longest ago whose fault is over."""
+        """Make room: forget a device no longer watched (seen longest ago), else the
+        device seen longest ago whose fault is over."""
+        watched = self._watched
+        if watched is not None:
+            gone = [(d.seen, a) for a, d in self._devices.items() if a not in watched]
+            if gone:
+                del self._devices[min(gone)[1]]
+                return True
         idle = [(d.seen, a) for a, d in self._devices.items() if d.until <= now]
         if not idle:
             return False
@@ -651,7 +831,10 @@ class KmsgSource:
             return list(self._signals)
         signals: list[Signal] = []
         next_change = math.inf
+        watched = self._watched
         for address, device in self._devices.items():
+            if watched is not None and address not in watched:
+                continue
             if device.until > now:
                 next_change = min(next_change, device.until)
                 signals.append(Signal(self.by, address, Health.UNHEALTHY, device.fault))
@@ -668,6 +851,10 @@ class KmsgSource:
             signals.append(Signal(self.by, address, Health.HEALTHY, message))
         self._signals, self._dirty, self._next_change = signals, False, next_change
         return list(signals)
+
+    def dropped(self) -> dict[str, int]:
+        """Lines read and not used, by reason (for the agent's metrics)."""
+        return self.counters.dropped()
 
     def health_by_address(self) -> dict[str, Health]:
         """Each device a line named (by PCI address) and its health now."""

@@ -6,32 +6,41 @@ Owns :class:`ExecProbe` and :class:`FileProbe`.
 the arguments are replaced; the environment gets ``DRAHEALTH_POOL`` and
 ``DRAHEALTH_DEVICE``), with a per-device timeout. Exit code 0 is Healthy, 1 Unhealthy,
 anything else (and a timeout, or a command that cannot start) Unknown; the first line
-of its output is the message.
+of its output is the message. Each run is bounded (:mod:`drahealth._child`): its own
+process group, killed whole at the timeout, output kept up to a limit, every child reaped.
 
 ``FileProbe`` reads a JSON file ``{"devices": [{"device": "gpu-0", "pool": "node-1",
 "health": "Unhealthy", "message": "...", "time": <unix seconds>}]}`` (``pool`` may be
 left out when the source has one pool). An entry older than ``max_age`` seconds (its
-``time``, else the file's modification time), a device the file does not list, and
-every device of a missing or malformed file, are Unknown with a message that says why.
+``time``, else the file's modification time) or as far in the future, an entry whose
+``time`` is no unix time (not finite, negative, past the year 9999), a device the file
+does not list, and every device of a missing, malformed or oversized file (or of a path
+that is not a regular file: it is opened non-blocking, never waited on), are Unknown
+with a message that says why.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
-import subprocess
+import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from drahealth._child import ChildError, run_child
 from drahealth.core import DeviceReport, Health
 
 __all__ = [
     "MAX_PROBE_FILE_BYTES",
     "MAX_PROBE_FILE_ENTRIES",
+    "MAX_PROBE_OUTPUT",
+    "MAX_PROBE_TIME",
     "ExecProbe",
     "FileProbe",
     "ProbeFileError",
+    "probe_entry_age",
     "probe_file_entries",
     "read_probe_file",
     "run_probe",
@@ -40,6 +49,10 @@ __all__ = [
 #: Largest probe file read, and most entries used from one.
 MAX_PROBE_FILE_BYTES = 4 * 1024 * 1024
 MAX_PROBE_FILE_ENTRIES = 65536
+#: Latest ``time`` a probe file entry may give (9999-12-31T23:59:59Z).
+MAX_PROBE_TIME = 253402300799
+#: Bytes of a probe command's output and of its error output kept (the rest is discarded).
+MAX_PROBE_OUTPUT = 16 * 1024
 
 
 def _first_line(text: str) -> str:
@@ -87,22 +100,20 @@ class ExecProbe:
 def run_probe(argv: Sequence[str], env: Mapping[str, str], timeout: float) -> tuple[Health, str]:
     """Run one probe command (``env`` added to this process's environment) and read its
     answer: exit 0 Healthy, 1 Unhealthy, anything else, a timeout or a command that cannot
-    start Unknown; the first line of its output (else of its error output) is the message."""
+    start Unknown; the first line of its output (else of its error output) is the message.
+
+    It runs bounded (:func:`drahealth._child.run_child`): its own process group, killed
+    whole at the timeout, at most :data:`MAX_PROBE_OUTPUT` bytes of each stream kept."""
+    name = argv[0] if argv else "?"
     try:
-        done = subprocess.run(
-            list(argv),
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-            env={**os.environ, **env},
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return Health.UNKNOWN, f"probe {argv[0]} timed out after {timeout:g} s"
-    except OSError as exc:
-        return Health.UNKNOWN, f"probe {argv[0]} could not run: {exc.strerror or exc}"
-    line = _first_line(done.stdout) or _first_line(done.stderr)
+        done = run_child(list(argv), {**os.environ, **env}, timeout, max_output=MAX_PROBE_OUTPUT)
+    except ChildError as exc:
+        return Health.UNKNOWN, f"probe {name} {exc}"
+    if done.timed_out:
+        return Health.UNKNOWN, f"probe {name} timed out after {timeout:g} s"
+    line = _first_line(done.stdout.head.decode(errors="replace")) or _first_line(
+        done.stderr.head.decode(errors="replace")
+    )
     if done.returncode == 0:
         return Health.HEALTHY, line
     if done.returncode == 1:
@@ -156,11 +167,9 @@ class FileProbe:
             if entry is None:
                 out.append(DeviceReport(pool, device, Health.UNKNOWN, f"not listed in {self.path}"))
                 continue
-            stamp = entry.get("time", mtime)
-            age = now - float(stamp)
-            if age > self.max_age_for(device):
-                message = f"{self.path}: no update for {age:.0f} s"
-                out.append(DeviceReport(pool, device, Health.UNKNOWN, message))
+            problem = probe_entry_age(entry, mtime, now, self.max_age_for(device), self.path)
+            if problem:
+                out.append(DeviceReport(pool, device, Health.UNKNOWN, problem))
                 continue
             health = Health(entry["health"])
             out.append(DeviceReport(pool, device, health, str(entry.get("message", ""))))
@@ -184,13 +193,31 @@ def read_probe_file(path: str) -> tuple[Any, float]:
     """The JSON of the probe file at ``path`` (at most :data:`MAX_PROBE_FILE_BYTES`) and
     its modification time; :class:`ProbeFileError` names what is wrong."""
     try:
-        with open(path, "rb") as f:
-            mtime = os.fstat(f.fileno()).st_mtime
-            raw = f.read(MAX_PROBE_FILE_BYTES + 1)
+        # never blocks: O_NONBLOCK opens a FIFO without a writer at once, and only a
+        # regular file (checked on what was opened, not on the path) is read
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except FileNotFoundError:
         raise ProbeFileError(f"probe file {path} does not exist") from None
     except OSError as exc:
         raise ProbeFileError(f"probe file {path} cannot be read: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ProbeFileError(f"probe file {path} is not a regular file")
+        mtime = st.st_mtime
+        chunks: list[bytes] = []
+        left = MAX_PROBE_FILE_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        raw = b"".join(chunks)
+    except OSError as exc:
+        raise ProbeFileError(f"probe file {path} cannot be read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
     if len(raw) > MAX_PROBE_FILE_BYTES:
         raise ProbeFileError(f"probe file {path} is larger than {MAX_PROBE_FILE_BYTES} bytes")
     try:
@@ -203,6 +230,20 @@ def read_probe_file(path: str) -> tuple[Any, float]:
         ) from None
     except RecursionError:
         raise ProbeFileError(f"probe file {path} is nested too deeply") from None
+
+
+def probe_entry_age(
+    entry: Mapping[str, Any], mtime: float, now: float, max_age: float, path: str
+) -> str:
+    """Why an entry of a probe file is too old to use (its ``time``, else the file's
+    modification time, more than ``max_age`` seconds ago, or more than ``max_age``
+    seconds in the future, which would never go stale), or ``""``."""
+    age = now - float(entry.get("time", mtime))
+    if age > max_age:
+        return f"{path}: no update for {age:.0f} s"
+    if -age > max_age:
+        return f"{path}: time is {-age:.0f} s in the future"
+    return ""
 
 
 def probe_file_entries(data: Any, field: str) -> tuple[list[dict[str, Any]], str]:
@@ -223,11 +264,19 @@ def probe_file_entries(data: Any, field: str) -> tuple[list[dict[str, Any]], str
         if entry.get("health") not in ("Healthy", "Unhealthy", "Unknown"):
             return [], f"{where}.health must be Healthy, Unhealthy or Unknown"
         stamp = entry.get("time")
-        if "time" in entry and (
-            not isinstance(stamp, int | float) or isinstance(stamp, bool) or stamp != stamp
-        ):
+        if "time" in entry and (not isinstance(stamp, int | float) or isinstance(stamp, bool)):
             return [], f"{where}.time must be unix seconds"
         if "message" in entry and not isinstance(entry["message"], str):
             return [], f"{where}.message must be a string"
+        if isinstance(stamp, int | float) and not (
+            (isinstance(stamp, int) or math.isfinite(stamp)) and 0 <= stamp <= MAX_PROBE_TIME
+        ):
+            # a number, but no time: this entry reads Unknown, the others are used
+            shown = repr(stamp) if len(repr(stamp)) <= 24 else f"{repr(stamp)[:20]}..."
+            entry = {k: entry[k] for k in (field, "pool") if k in entry} | {
+                "health": "Unknown",
+                "message": f"{where}.time must be unix seconds from 0 to {MAX_PROBE_TIME}, "
+                f"not {shown}",
+            }
         out.append(entry)
     return out, ""

@@ -296,7 +296,7 @@ def test_bad_lines_are_skipped_and_counted(tmp_path: Path) -> None:
     source = KmsgSource(str(log), max_line_bytes=200)
     append(
         log,
-        b"\xff\xfe NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=\xc3\x28, GPU has fallen off\n",
+        b"NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=\xff\xfe\xc3\x28, GPU has fallen off\n",
         "NVRM: Xid (PCI:0000:3b:00): xx, broken",
         "NVRM: Xid (0009:00): 53, an address that is not one",
         b"\x00\x01\x02 binary junk \x1b[2J\n",
@@ -476,7 +476,7 @@ def kmsg_source(clock: Clock, **kwargs: object) -> tuple[KmsgSource, socket.sock
         kernel_clock=lambda: KERNEL_NOW,
         **kwargs,  # type: ignore[arg-type]
     )
-    source._reader.fd = os.dup(theirs.fileno())  # type: ignore[union-attr]
+    source._reader.fd = os.dup(theirs.fileno())
     theirs.close()
     return source, ours
 
