@@ -190,11 +190,13 @@ from drahealth.core._remedy_state import (
     parse_state_data,
 )
 from drahealth.core._repair import (
+    EXEC_KILL_GRACE,
     JobPlacement,
     Repair,
     RepairError,
     RepairJob,
     RepairWebhook,
+    command_value_problem,
     job_manifest,
     normalize_job_template,
 )
@@ -261,6 +263,7 @@ __all__ = [
     "DRA_KINDS",
     "DRIVER_NAME_MAX",
     "EFFECT_ORDER",
+    "EXEC_KILL_GRACE",
     "EXTENDED_RESOURCES_REF",
     "FEATURE_GATES",
     "HEALTH_MESSAGE_MAX_BYTES",
@@ -388,6 +391,7 @@ __all__ = [
     "choose_version",
     "claim_node",
     "claim_observations",
+    "command_value_problem",
     "decode_devices",
     "device_attributes",
     "device_name_problem",

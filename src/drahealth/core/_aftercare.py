@@ -50,6 +50,7 @@ class RepairState:
     not_before: float = 0.0  # the backoff: no attempt before this
     detail: str = ""
     failed: int = 0  # failed attempts in this round
+    deadline: float = 0.0  # when the running attempt has surely ended (exec, webhook)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +158,7 @@ class Aftercare:
                     self.changed = True
                 continue
             st.phase, st.since, st.detail = "running", now, ""
+            st.deadline = rule.repair.attempt_deadline(now)
             st.attempt += 1
             self.changed = True
             runs.append(RepairRun(key, st.rule, rule.repair, st.attempt, st.round))
@@ -207,6 +209,7 @@ class Aftercare:
                 "phase": s.phase, "attempt": s.attempt, "kind": s.kind, "since": wall(s.since),
                 "detail": s.detail, "rule": s.rule, "node": s.node, "round": s.round,
                 "failed": s.failed, "notBefore": wall(s.not_before),
+                **({"deadline": wall(s.deadline)} if s.phase == "running" else {}),
             }
             for k, s in sorted(self.repairs.items())
         }  # fmt: skip
@@ -215,7 +218,9 @@ class Aftercare:
 
     def restore(self, state: Mapping[str, Any], clock: Callable[[Any], float | None]) -> list[str]:
         """Load :meth:`export`'s keys; a repair that was running is run again (its attempt
-        is not counted twice). Returns one line per entry left out."""
+        is not counted twice), an ``exec`` or ``webhook`` one not before the ``deadline``
+        recorded for it, since the last leader's command may still run. Returns one line
+        per entry left out."""
         needs, counted = state.get("needsHuman") or {}, state.get("episodes") or {}
         problems = self.escalation.restore(
             needs if isinstance(needs, Mapping) else {},
@@ -242,6 +247,14 @@ class Aftercare:
             if st.phase == "running":  # the runner went with the last leader: run it again
                 st.phase, st.attempt = "waiting-drain", max(0, st.attempt - 1)
                 st.detail = "run again: the controller restarted while it ran"
+                if st.kind != "job":  # a Job is adopted; a command may still run: wait it out
+                    deadline = clock(value.get("deadline"))
+                    if deadline is None:
+                        rule = self.policy.rule_named(st.rule)
+                        timeout = rule.repair.timeout if rule and rule.repair else 3600.0
+                        deadline = Repair(timeout=timeout).attempt_deadline(since)
+                    st.not_before = max(st.not_before, deadline)
+                    st.detail += "; not before the last attempt's deadline"
             self.repairs[key] = st
         return problems
 

@@ -39,13 +39,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from drahealth.core._signals import PCI_ATTRIBUTES, normalize_pci_address
+
 __all__ = [
+    "EXEC_KILL_GRACE",
     "MAX_BACKOFF",
+    "MAX_COMMAND_VALUE",
     "JobPlacement",
     "Repair",
     "RepairError",
     "RepairJob",
     "RepairWebhook",
+    "command_value_problem",
     "job_manifest",
     "normalize_job_template",
     "substitute",
@@ -56,6 +61,11 @@ __all__ = [
 MAX_BACKOFF: Final = 3600.0
 _REFERENCE = re.compile(r"\$\(DRAHEALTH_([A-Za-z0-9_]+)\)")
 SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:/@+-]+$")
+#: Longest device value handed to a command (API attribute strings are at most 64).
+MAX_COMMAND_VALUE: Final = 1024
+#: Seconds past an exec repair's timeout its process group may still live (SIGTERM, then
+#: SIGKILL after this grace), so the deadline recorded for an attempt includes it.
+EXEC_KILL_GRACE: Final = 2.0
 ENV_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 #: Names every device has; ``ATTR_<name>`` come from its ResourceSlice attributes.
 FIXED_NAMES: Final = ("DEVICE", "NODE", "DRIVER", "POOL", "DEVICE_NAME", "RULE")
@@ -97,12 +107,36 @@ class Repair:
     def kind(self) -> str:
         return "job" if self.job is not None else "webhook" if self.webhook else "exec"
 
+    def attempt_deadline(self, start: float) -> float:
+        """When an attempt started at ``start`` has surely ended: its timeout, the kill
+        grace of its process group and a second for the reaping."""
+        return start + self.timeout + EXEC_KILL_GRACE + 1.0
+
     def backoff_after(self, failed: int) -> float:
         """The wait after the ``failed``-th failed attempt: doubling, at most an hour."""
         return float(min(MAX_BACKOFF, self.backoff * 2 ** max(0, failed - 1)))
 
 
 # -- the environment a repair sees, and its Job ---------------------------------------
+
+
+def command_value_problem(value: str, attribute: str = "") -> str:
+    """Why a device's value may not be handed to a command, as an argument or in the
+    environment ("" when it may): the one check of repairs (:func:`repair_env`) and exec
+    probes. A value must be made of ``[A-Za-z0-9._:/@+-]`` (nothing a shell or a parser
+    reads as syntax: no space, quote, ``$``, ``;`` or NUL), at most
+    :data:`MAX_COMMAND_VALUE` characters; the value of a PCI address ``attribute``
+    (``pciBusID``, ...) must be a PCI address."""
+    if not value:
+        return "it is empty"
+    if len(value) > MAX_COMMAND_VALUE:
+        return f"it is longer than {MAX_COMMAND_VALUE} characters"
+    if not SAFE_VALUE.match(value):
+        return "it may only hold letters, digits and . _ : / @ + -"
+    name = attribute.rpartition("/")[2].lower()
+    if name in PCI_ATTRIBUTES and normalize_pci_address(value) is None:
+        return f"it is not a PCI address, as {attribute} must be"
+    return ""
 
 
 def substitute(text: str, env: Mapping[str, str], where: str) -> str:

@@ -55,7 +55,10 @@ class AftercareGuard:
 
     def __init__(self, controller: Any) -> None:
         self.c = controller
-        self.runner = RepairRunner(controller.client, controller.namespace, self._done)
+        self.runner = RepairRunner(
+            controller.client, controller.namespace, self._done,
+            recorded=lambda: bool(controller.state.written("repairs")),  # before a command runs
+        )  # fmt: skip
         self._applied: dict[str, str] = {}  # device -> the `at` of the last clear applied
         self._loaded = False
 

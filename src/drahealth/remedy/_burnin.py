@@ -30,6 +30,7 @@ from typing import Any, Final
 import aiohttp
 from lightkube.models.core_v1 import ObjectReference
 
+from drahealth._child import ChildError, run_child_async
 from drahealth._time import rfc3339
 from drahealth.core import (
     BURN_IN_NEW,
@@ -66,27 +67,22 @@ async def run_check(check: Validate, key: DeviceKey, node: str) -> tuple[bool, s
         async with asyncio.timeout(check.timeout):
             if check.exec:
                 env = {**os.environ, "DRAHEALTH_DEVICE": str(key), "DRAHEALTH_NODE": node}
-                proc = await asyncio.create_subprocess_exec(
-                    *check.exec,
-                    env=env,
-                    stdout=asyncio.subprocess.DEVNULL,
-                    stderr=asyncio.subprocess.PIPE,
-                )
                 try:
-                    _, err = await proc.communicate()
-                except asyncio.CancelledError:
-                    if proc.returncode is None:
-                        proc.kill()
-                    raise
-                ok = proc.returncode == 0
+                    done = await run_child_async(check.exec, env, check.timeout, max_output=4096)
+                except ChildError as exc:
+                    return False, f"{check.exec[0]} {exc}"[:MAX_DETAIL]
+                if done.timed_out:
+                    return False, f"timed out after {check.timeout:g} s"
+                ok = done.returncode == 0
+                err = done.stderr.head
                 text = err.decode(errors="replace")[:MAX_DETAIL] if err and not ok else ""
-                return ok, f"exit {proc.returncode}" + (f": {text}" if text else "")
+                return ok, f"exit {done.returncode}" + (f": {text}" if text else "")
             params = {"device": str(key), "node": node}
             async with (
                 aiohttp.ClientSession() as session,
-                session.get(check.http, params=params) as resp,
+                session.get(check.http, params=params, allow_redirects=False) as resp,
             ):
-                return 200 <= resp.status < 300, f"HTTP {resp.status}"
+                return 200 <= resp.status < 300, f"HTTP {resp.status}"  # a redirect fails
     except TimeoutError:
         return False, f"timed out after {check.timeout:g} s"
     except (OSError, aiohttp.ClientError) as exc:

@@ -137,6 +137,10 @@ class ControllerState:
         if self._written.get(key) != text:
             self._dirty.add(key)
 
+    def written(self, key: str) -> bool:
+        """Whether ``key``'s value, as last set, is in the API (flushed)."""
+        return key in self.values and key not in self._dirty
+
     async def load(self) -> dict[str, Any]:
         """Read the ConfigMap back (at start): the values last written, by key."""
         self.values = await read_state(self.client, self.namespace)

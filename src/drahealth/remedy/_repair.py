@@ -6,9 +6,20 @@ to). One task per attempt, at most one per device; each ends by calling ``on_don
 (the attempt, success, a one-line detail, the Job's name or ""):
 
 * ``exec``: the command with ``DRAHEALTH_DEVICE``, ``DRAHEALTH_NODE``, ... (see
-  :func:`drahealth.core.repair_env`) in its environment; exit 0 is success; at the
-  timeout it is killed;
-* ``webhook``: POST ``{"device", "node", "rule", "reason"}`` as JSON; 2xx is success;
+  :func:`drahealth.core.repair_env`) in its environment; exit 0 is success. It runs
+  bounded (:func:`drahealth._child.run_child_async`): in a process group of its own that
+  is killed whole at the timeout (SIGTERM, SIGKILL :data:`~drahealth.core.EXEC_KILL_GRACE`
+  seconds later) without waiting for its pipes, its standard output discarded and at most
+  :data:`MAX_STDERR` bytes of its error output kept, killed by the kernel if the
+  controller dies (``PR_SET_PDEATHSIG``);
+* ``webhook``: POST ``{"device", "node", "rule", "reason"}`` as JSON; 2xx is success; a
+  redirect is an answer (a failure), never followed;
+
+An ``exec`` or ``webhook`` attempt starts only once ``recorded()`` says the state
+ConfigMap holds it as running, with its deadline (the due time + its timeout + the kill
+grace), so a controller that takes over after a crash knows it may still run and waits
+until that deadline before it starts another (:meth:`drahealth.core.Aftercare.restore`).
+The wait counts against the attempt's timeout.
 * ``job``: a ``batch/v1`` Job made by :func:`drahealth.core.job_manifest` on the device's
   node, labelled as the controller's (``app.kubernetes.io/managed-by``) and with the
   device's hash (:data:`LABEL_DEVICE`). Its ``Complete`` condition is success, ``Failed``
@@ -36,7 +47,9 @@ from lightkube.resources.batch_v1 import Job
 from lightkube.types import CascadeType
 
 from drahealth._aio import cancel_and_wait
+from drahealth._child import ChildError, run_child_async
 from drahealth.core import (
+    EXEC_KILL_GRACE,
     DeviceFacts,
     DeviceKey,
     JobPlacement,
@@ -57,6 +70,10 @@ ANNOTATION_DEVICE: Final = "drahealth.io/device"
 POLL_SECONDS: Final = 0.5
 #: Characters of a command's stderr kept in the detail.
 MAX_DETAIL: Final = 300
+#: Bytes of a repair command's error output kept while it runs (the rest is discarded).
+MAX_STDERR: Final = 8 * 1024
+#: How often an attempt checks that it was recorded before it starts.
+RECORDED_POLL: Final = 0.02
 
 Done = Callable[[RepairRun, bool, str, str], None]
 
@@ -80,11 +97,13 @@ class RepairRunner:
         on_done: Done,
         *,
         poll: float = POLL_SECONDS,
+        recorded: Callable[[], bool] | None = None,
     ) -> None:
         self.client = client
         self.namespace = namespace
         self.on_done = on_done
         self.poll = poll
+        self.recorded = recorded
         self._tasks: dict[DeviceKey, asyncio.Task[None]] = {}
 
     @property
@@ -118,13 +137,18 @@ class RepairRunner:
             if repair.job is not None:
                 ok, detail, job = await self._job(run, facts, env, tolerate)
             else:
+                start = asyncio.get_running_loop().time()
                 async with asyncio.timeout(repair.timeout):
+                    await self._until_recorded()
                     if repair.exec:
-                        ok, detail = await self._exec(repair.exec, env)
+                        left = repair.timeout - (asyncio.get_running_loop().time() - start)
+                        ok, detail = await self._exec(repair.exec, env, left)
                     else:
                         ok, detail = await self._webhook(run, facts, reason)
         except TimeoutError:
             detail = f"timed out after {repair.timeout:g} s"
+            if self.recorded is not None and not self.recorded():
+                detail = "not started: it could not be recorded in the state ConfigMap in time"
         except RepairError as exc:
             detail = str(exc)
         except (OSError, aiohttp.ClientError) as exc:
@@ -135,24 +159,27 @@ class RepairRunner:
 
     # -- exec and webhook ------------------------------------------------------------
 
-    async def _exec(self, command: Sequence[str], env: dict[str, str]) -> tuple[bool, str]:
-        proc = await asyncio.create_subprocess_exec(
-            *command,
-            env={**os.environ, **env},
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
+    async def _until_recorded(self) -> None:
+        """Return once the attempt is recorded as running (see the module docstring)."""
+        while self.recorded is not None and not self.recorded():  # noqa: ASYNC110 (no event)
+            await asyncio.sleep(RECORDED_POLL)
+
+    async def _exec(
+        self, command: Sequence[str], env: dict[str, str], seconds: float
+    ) -> tuple[bool, str]:
         try:
-            _, err = await proc.communicate()
-        except asyncio.CancelledError:  # the timeout (or a stop): never leave it running
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            with contextlib.suppress(ProcessLookupError):
-                await proc.wait()
-            raise
-        ok = proc.returncode == 0
+            done = await run_child_async(
+                command, {**os.environ, **env}, max(0.0, seconds),
+                max_output=MAX_STDERR, kill_grace=EXEC_KILL_GRACE,
+            )  # fmt: skip
+        except ChildError as exc:
+            raise RepairError(f"{command[0]} {exc}") from None
+        if done.timed_out:
+            return False, f"timed out after {done.seconds:.3g} s (its process group was killed)"
+        ok = done.returncode == 0
+        err = done.stderr.tail
         text = err.decode(errors="replace").strip()[-MAX_DETAIL:] if err and not ok else ""
-        return ok, f"exit {proc.returncode}" + (f": {text}" if text else "")
+        return ok, f"exit {done.returncode}" + (f": {text}" if text else "")
 
     async def _webhook(self, run: RepairRun, facts: DeviceFacts, reason: str) -> tuple[bool, str]:
         hook = run.repair.webhook
@@ -161,8 +188,10 @@ class RepairRunner:
         timeout = aiohttp.ClientTimeout(total=min(hook.timeout, run.repair.timeout))
         async with (
             aiohttp.ClientSession(timeout=timeout) as session,
-            session.post(hook.url, json=body) as resp,
+            session.post(hook.url, json=body, allow_redirects=False) as resp,
         ):
+            if 300 <= resp.status < 400:  # never a second request, to wherever it points
+                return False, f"HTTP {resp.status}: a redirect, not followed"
             return 200 <= resp.status < 300, f"HTTP {resp.status}"
 
     # -- job -------------------------------------------------------------------------

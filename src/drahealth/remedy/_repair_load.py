@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import msgspec
 import yaml
 
+from drahealth._yaml import TEMPLATE_YAML, load_bounded
 from drahealth.core import (
     Escalation,
     PolicyError,
@@ -97,7 +98,7 @@ def build_repair(b: _Builder, path: str, r: RepairSpec) -> Repair:
         raw: Any = r.job.template
         if isinstance(raw, str):
             try:
-                raw = yaml.safe_load(raw)
+                raw = load_bounded(raw, TEMPLATE_YAML)
             except yaml.YAMLError as exc:
                 raise b.fail(f"{path}.job.template", f"invalid YAML: {exc}") from exc
         try:

@@ -276,9 +276,12 @@ def test_a_running_repair_is_run_again_after_a_restart() -> None:
     assert run_one(e, 0.0) is not None
     state = e.care.export(_wall(0.0), 1.0)
     assert state["repairs"][str(KEY)]["phase"] == "running"
+    assert state["repairs"][str(KEY)]["deadline"] == EXEC.attempt_deadline(0.0)
     rebuilt = engine(repair=EXEC)
     rebuilt.care.restore(state, lambda w: w)
-    run = run_one(rebuilt, 2.0)
+    # its command may still run until its recorded deadline: nothing starts before
+    assert run_one(rebuilt, 2.0) is None
+    run = run_one(rebuilt, EXEC.attempt_deadline(0.0))
     assert run is not None and run.attempt == 1, "the interrupted attempt, not a new one"
 
 
