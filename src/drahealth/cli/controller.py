@@ -172,6 +172,7 @@ async def _run(
             namespace=namespace,
             metrics=controller_metrics,
             served=served,
+            fence=elector.holds,  # every write first checks the Lease is still held
         )
         current[:] = [controller]
         try:

@@ -270,6 +270,29 @@ class CircuitBreaker:
         """Devices that carry the controller's taint already (found at start)."""
         self._passed.update(keys)
 
+    def recall(self, written: Iterable[tuple[DeviceKey, float]], now: float) -> None:
+        """Taints written earlier (device, unix time), as the API shows them to a new
+        leader: the controller's rules and node rows with their creation times, the
+        history's taint lines. Each one inside the window counts in it (a device once,
+        at its latest time), so a leader change never resets the window, whatever the
+        last leader had time to write to the state."""
+        if not self.enabled:
+            return
+        latest: dict[DeviceKey, float] = {}
+        for key, at in written:
+            if not isinstance(at, int | float) or isinstance(at, bool) or at != at:
+                continue
+            at = min(float(at), now)
+            if now - at < self._horizon and at > latest.get(key, float("-inf")):
+                latest[key] = at
+        for key, at in sorted(latest.items(), key=lambda kv: kv[1]):
+            known = self._admitted.get(key)
+            if known is None or known.at < at:
+                self._admit(key, at, self._restored_groups(key))
+        for owner, queue in self._queues.items():  # the window's queues stay in time order
+            self._queues[owner] = deque(sorted(queue, key=lambda entry: entry[0]))
+        self._bump()
+
     def resume(self, request: object, now: float) -> list[BreakerEvent]:
         """An operator's resume request (the control key ``resume``: ``{"at", "by"}``).
 

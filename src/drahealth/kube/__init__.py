@@ -32,7 +32,7 @@ from ._discovery import (
     to_internal,
 )
 from ._events import make_event
-from ._leader import LeaderElector
+from ._leader import FencedClient, LeaderElector, LeaseLost
 from ._ops import (
     apply,
     apply_status,
@@ -67,8 +67,10 @@ __all__ = [
     "Backoff",
     "DiscoveryError",
     "EventStream",
+    "FencedClient",
     "KubeConfigError",
     "LeaderElector",
+    "LeaseLost",
     "ObjectCache",
     "Reflector",
     "ReflectorEvent",

@@ -40,9 +40,47 @@ from drahealth._aio import cancel_and_wait
 from drahealth._time import now_rfc3339_micro
 from drahealth.core import positive_seconds
 
-__all__ = ["LeaderElector"]
+__all__ = ["FencedClient", "LeaderElector", "LeaseLost"]
 
 log = logging.getLogger(__name__)
+
+
+class LeaseLost(Exception):
+    """A write was refused because this replica no longer holds the Lease."""
+
+
+#: The client calls that change the cluster; each is refused once the Lease is lost.
+_WRITES = frozenset({"create", "replace", "patch", "delete", "deletecollection", "apply"})
+
+
+class FencedClient:
+    """An ``AsyncClient`` whose every write first asks ``holds()``, right before it is
+    sent, and raises :class:`LeaseLost` instead of writing when the answer is no.
+
+    Reads (get, list, watch) pass through. Leader election is not fencing by itself:
+    a leader paused past its lease (SIGSTOP, a long GC, a stalled VM) runs on from
+    where it stopped, and only a check at the moment of each write keeps it quiet.
+    """
+
+    def __init__(self, client: AsyncClient, holds: Callable[[], bool]) -> None:
+        self.inner = client
+        self.holds = holds
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` unless the Lease is still held."""
+        if not self.holds():
+            raise LeaseLost("this replica no longer holds the lease: not writing")
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if name not in _WRITES:
+            return attr
+
+        async def fenced(*args: Any, **kwargs: Any) -> Any:
+            self.check()
+            return await attr(*args, **kwargs)
+
+        return fenced
 
 
 def _lease(body: dict[str, Any]) -> Lease:
@@ -99,6 +137,18 @@ class LeaderElector:
         self.transitions = 0  # times this candidate became the leader
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
+        #: when the last successful acquire or renewal was sent (monotonic); None: not held
+        self._renewed_at: float | None = None
+
+    def holds(self) -> bool:
+        """Whether this replica may write now: it leads and, by its own monotonic clock,
+        its last successful renewal was sent less than ``renew_deadline`` ago (so no
+        other candidate can have taken the Lease yet: they wait ``lease_duration``).
+        Safe to call from any thread; the fencing check of :class:`FencedClient`."""
+        renewed = self._renewed_at
+        return (
+            self.is_leader and renewed is not None and self._clock() - renewed < self.renew_deadline
+        )
 
     # -- the campaign ------------------------------------------------------------------
 
@@ -119,13 +169,13 @@ class LeaderElector:
                 work = asyncio.create_task(self._guarded(lead), name=f"leading-{self.name}")
                 tasks = [work, renew]
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                self.is_leader = False
+                self.is_leader, self._renewed_at = False, None
                 await cancel_and_wait(tasks)
                 if work in done:
                     await self._release()
                     await asyncio.sleep(self.retry_period)
         finally:
-            self.is_leader = False
+            self.is_leader, self._renewed_at = False, None
             await asyncio.shield(cancel_and_wait(tasks))  # the work stops before the lease is freed
             if self.leader == self.identity:
                 with contextlib.suppress(Exception):
@@ -136,6 +186,8 @@ class LeaderElector:
             await lead()
         except asyncio.CancelledError:
             raise
+        except LeaseLost as exc:
+            log.warning("%s: %s; stepping down", self.identity, exc)
         except Exception:
             log.exception("leader work of %s failed; releasing the lease", self.identity)
 
@@ -144,6 +196,7 @@ class LeaderElector:
         while True:
             sent = self._clock()
             if await self._attempt():
+                self._renewed_at = sent
                 self.is_leader = True
                 self.transitions += 1
                 log.info("%s became the leader of lease %s", self.identity, self._ref())
@@ -180,7 +233,10 @@ class LeaderElector:
                     log.warning("renewing lease %s timed out", self._ref())
             if ok:
                 last_ok = sent
+                if self.is_leader:
+                    self._renewed_at = sent
             elif not self.is_leader or self._clock() - last_ok >= self.renew_deadline:
+                self._renewed_at = None
                 log.warning("%s lost the lease %s", self.identity, self._ref())
                 return
 

@@ -73,6 +73,7 @@ class BreakerGuard:
         facts: Callable[[DeviceKey], DeviceFacts],
         carrying: Callable[[], Iterable[DeviceKey]],
         control: Mapping[str, Any],
+        written: Callable[[], Iterable[tuple[DeviceKey, float]]] = tuple,
         state: Any,
         now: float,
     ) -> dict[DeviceKey, Want]:
@@ -80,7 +81,9 @@ class BreakerGuard:
 
         ``control``: the operator's requests by key; ``state``: the controller's state
         keys (``get``/``set``); ``carrying()``: devices carrying the controller's taint,
-        asked on the first pass only; ``now``: unix seconds.
+        and ``written()``: taints written earlier with their unix times (the API's
+        record of the window), both asked on the first pass only, before anything is
+        written; ``now``: unix seconds.
         """
         b = self.breaker
         if self._started and not b.enabled:
@@ -90,6 +93,7 @@ class BreakerGuard:
             saved = state.get(STATE_KEY)
             if b.enabled:
                 b.restore(saved, now)
+                b.recall(written(), now)  # what the state may not have had time to say
                 b.carrying(carrying())
             elif isinstance(saved, Mapping) and (saved.get("tripped") or saved.get("held")):
                 # the policy has no limits any more: nothing is held

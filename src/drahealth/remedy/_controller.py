@@ -55,11 +55,12 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 from lightkube import ApiError, AsyncClient
 from lightkube.models.core_v1 import ObjectReference
+from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod
 from lightkube.types import PatchType
 
@@ -87,6 +88,7 @@ from drahealth.core import (
 from drahealth.kube import (
     Backoff,
     DiscoveryError,
+    FencedClient,
     Reflector,
     ServedAPIs,
     as_dict,
@@ -147,6 +149,19 @@ def _release_list_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+#: Attempts of the history's read-modify-write that meet a conflict, per pass.
+MAX_CONFLICTS = 8
+
+
+def _history_rows(cm: Any) -> list[JSON]:
+    """The history ConfigMap's rows (those that are JSON objects); [] if unreadable."""
+    try:
+        rows = json.loads(((cm.data if cm is not None else None) or {}).get("history", "[]"))
+    except ValueError:
+        return []
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+
 #: A pass yields to the event loop after this many devices observed.
 YIELD_EVERY = 500
 #: Over-broad rules remembered as warned (name, generation); the oldest are forgotten.
@@ -176,9 +191,13 @@ class RemediationController:
         wall: Callable[[], float] = time.time,
         served: ServedAPIs | None = None,
         mode: str | None = None,
+        fence: Callable[[], bool] | None = None,
     ) -> None:
         """``served``: what the server serves (None: discover it); ``mode``: one of
-        ``REMEDIATION_MODES``, overriding the policy's ``remediation.mode``."""
+        ``REMEDIATION_MODES``, overriding the policy's ``remediation.mode``; ``fence``:
+        whether this replica still holds the Lease (:meth:`LeaderElector.holds`), asked
+        right before every write; a write it refuses raises :class:`LeaseLost`, which
+        ends the leader's work."""
         requested = mode or policy.remediation_mode
         if requested not in REMEDIATION_MODES:
             raise ModeError(
@@ -190,7 +209,9 @@ class RemediationController:
         self.choice: ModeChoice | None = None
         self.discoveries = 0
         self.synced = False
-        self.client = client
+        self.client: AsyncClient = (
+            client if fence is None else cast(AsyncClient, FencedClient(client, fence))
+        )
         self.policy = policy
         self.identity = identity
         self.namespace = namespace
@@ -199,6 +220,7 @@ class RemediationController:
         self._wall = wall
         self._reset()
         self._history: deque[JSON] = deque(maxlen=HISTORY_LENGTH)
+        self._pending: deque[JSON] = deque(maxlen=HISTORY_LENGTH)  # rows not written yet
         self._history_dirty = False
         self._warned: dict[tuple[str, int], None] = {}  # over-broad rules already warned
         self.passes = 0
@@ -718,6 +740,7 @@ class RemediationController:
             facts=self._facts,
             carrying=self._carrying,
             control=self.control.values,
+            written=self._written_taints,
             state=self.state,
             now=self._wall(),
         )
@@ -734,6 +757,32 @@ class RemediationController:
             sel = rule.spec.deviceSelector if is_ours(rule) and rule.spec is not None else None
             if sel is not None and sel.driver and sel.pool and sel.device:
                 out.add(DeviceKey(sel.driver, sel.pool, sel.device))
+        return out
+
+    def _written_taints(self) -> list[tuple[DeviceKey, float]]:
+        """Taints the controller wrote, with when, as the API shows them: its rules
+        (creation time), its node rows (since) and the history's taint lines."""
+        out: list[tuple[DeviceKey, float]] = []
+        for devices in self.nodes.written().values():
+            out += [(d.device, d.since) for d in devices if d.since]
+        for rule in self.rules.store.list() if self.rules is not None else ():
+            sel = rule.spec.deviceSelector if is_ours(rule) and rule.spec is not None else None
+            created = rule.metadata.creationTimestamp if rule.metadata is not None else None
+            if sel is not None and sel.driver and sel.pool and sel.device and created:
+                out.append((DeviceKey(sel.driver, sel.pool, sel.device), created.timestamp()))
+        for row in self._history:
+            if row.get("action") not in ("create", "node"):
+                continue
+            at = parse_rfc3339(str(row.get("time", "")))
+            if at is None:
+                continue
+            subjects = [str(row.get("subject", ""))]
+            if row.get("action") == "node":  # "... (unhealthy devices: a, b)"
+                listed = str(row.get("message", "")).rpartition("(unhealthy devices: ")[2]
+                subjects = [t.strip() for t in listed.rstrip(")").split(",")]
+            for text in subjects:
+                with contextlib.suppress(ValueError):
+                    out.append((DeviceKey.parse(text), at))
         return out
 
     def _breaker_notify(self, node: str, kind: str, reason: str, message: str) -> None:
@@ -1124,15 +1173,15 @@ class RemediationController:
     # -- audit trail ---------------------------------------------------------------------
 
     def _record(self, action: str, subject: str, message: str) -> None:
-        self._history.append(
-            {
-                "time": now_rfc3339(),
-                "by": self.identity,
-                "action": action,
-                "subject": subject,
-                "message": message,
-            }
-        )
+        row = {
+            "time": now_rfc3339(),
+            "by": self.identity,
+            "action": action,
+            "subject": subject,
+            "message": message,
+        }
+        self._history.append(row)
+        self._pending.append(row)
         self._history_dirty = True
 
     async def _load_history(self) -> None:
@@ -1140,25 +1189,49 @@ class RemediationController:
             cm = await self.client.get(ConfigMap, HISTORY_CONFIGMAP, namespace=self.namespace)
         except ApiError:
             return
-        try:
-            rows = json.loads((cm.data or {}).get("history", "[]"))
-        except ValueError:
-            rows = []
-        if isinstance(rows, list):
-            self._history.extend(r for r in rows if isinstance(r, dict))
+        self._history.extend(_history_rows(cm))
 
     async def _flush_history(self) -> None:
+        """Append the rows recorded since the last flush to the ConfigMap's: a
+        read-modify-write guarded by the resourceVersion, so rows another writer added
+        meanwhile are kept, never overwritten (a 409 reads again)."""
         if not self._history_dirty:
             return
-        data = {"history": json.dumps(list(self._history), ensure_ascii=False)}
-        try:
-            await write_configmap_data(
-                self.client, HISTORY_CONFIGMAP, self.namespace, data,
-                {MANAGED_BY: CONTROLLER_LABEL},
-            )  # fmt: skip
+        for _ in range(MAX_CONFLICTS):
+            try:
+                cm: ConfigMap | None = await self.client.get(
+                    ConfigMap, HISTORY_CONFIGMAP, namespace=self.namespace
+                )
+            except ApiError as exc:
+                if exc.status.code != 404:
+                    log.warning("reading the remediation history failed: %s", exc.status.message)
+                    return
+                cm = None
+            rows = _history_rows(cm) if cm is not None else []
+            rows += [r for r in self._pending if r not in rows]
+            rows = rows[-HISTORY_LENGTH:]
+            data = {"history": json.dumps(rows, ensure_ascii=False)}
+            try:
+                if cm is None:
+                    meta = ObjectMeta(
+                        name=HISTORY_CONFIGMAP,
+                        namespace=self.namespace,
+                        labels={MANAGED_BY: CONTROLLER_LABEL},
+                    )
+                    await self.client.create(ConfigMap(metadata=meta, data=data))
+                else:
+                    cm.data = {**(cm.data or {}), **data}  # resourceVersion: the one read
+                    await self.client.replace(cm)
+            except ApiError as exc:
+                if exc.status.code == 409:
+                    continue  # written meanwhile (or created): read again, merge again
+                log.warning("writing the remediation history failed: %s", exc.status.message)
+                return
+            self._history = deque(rows, maxlen=HISTORY_LENGTH)
+            self._pending.clear()
             self._history_dirty = False
-        except ApiError as exc:
-            log.warning("writing the remediation history failed: %s", exc.status.message)
+            return
+        log.warning("writing the remediation history: it kept changing; retried next pass")
 
     async def _involved_uid(self, ref: ObjectReference) -> None:
         """Fill ``ref.uid`` (kubectl describe selects an object's Events by it): from the
