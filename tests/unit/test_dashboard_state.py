@@ -93,7 +93,9 @@ def _claim(name: str, device: str) -> dict[str, Any]:
 def _blocked(name: str, uid: str = "", when: str = "2026-01-01T00:00:00Z") -> dict[str, Any]:
     obj = {"kind": "Pod", "namespace": "ml", "name": name, **({"uid": uid} if uid else {})}
     return {"reason": "EvictionBlocked", "involvedObject": obj, "lastTimestamp": when,
-            "message": f"eviction of pod ml/{name} refused at {when}"}  # fmt: skip
+            "message": f"eviction of pod ml/{name} refused at {when}",
+            "metadata": {"namespace": "ml"}, "source": {"component": "drahealth-controller"},
+            "reportingComponent": "drahealth-controller", "reportingInstance": "ctl"}  # fmt: skip
 
 
 def test_pod_facts_say_who_is_being_evicted() -> None:

@@ -46,6 +46,8 @@ __all__ = [
 
 #: Longest template or column list accepted (a bound on hostile input).
 MAX_SPEC = 4096
+#: Columns ``-o custom-columns=`` may name.
+MAX_COLUMNS = 64
 #: Most results one JSONPath expression may produce before it is refused.
 MAX_RESULTS = 100_000
 
@@ -90,7 +92,12 @@ def parse_output(text: str, simple: Sequence[str] = _SIMPLE) -> Output:
         return Output("jsonpath", spec)
     if sep and kind == "custom-columns":
         columns = []
-        for part in spec.split(","):
+        parts = spec.split(",")
+        if len(parts) > MAX_COLUMNS:
+            raise click.BadParameter(
+                f"custom-columns: at most {MAX_COLUMNS} columns, got {len(parts)}", param_hint="-o"
+            )
+        for part in parts:
             header, colon, path = part.partition(":")
             if not colon or not header or not path:
                 raise click.BadParameter(
@@ -175,7 +182,6 @@ _TOKEN = re.compile(
     r"""
       \.\.(?P<deep>[A-Za-z0-9_\-/]+|\*)          # ..name / ..*
     | \.(?P<field>[A-Za-z0-9_\-/]+|\*)           # .name / .*
-    | \[(?P<bracket>(?:'[^']*'|"[^"]*"|[^\]])*)\] # [...]
     """,
     re.VERBOSE,
 )
@@ -206,18 +212,37 @@ def _parse_path(path: str) -> list[Step]:
     steps: list[Step] = []
     pos = 0
     while pos < len(text):
+        if text[pos] == "[":  # scanned by hand: one pass, no backtracking
+            end = _bracket_end(text, pos, path)
+            steps.append(_bracket(text[pos + 1 : end].strip(), path))
+            pos = end + 1
+            continue
         m = _TOKEN.match(text, pos)
         if m is None:
-            raise JSONPathError(f"unexpected {text[pos:]!r} in {path!r}")
+            raise JSONPathError(f"unexpected {text[pos:][:40]!r} in {path[:80]!r}")
         pos = m.end()
         if m.group("deep") is not None:
             steps.append(("deep", m.group("deep")))
         elif m.group("field") is not None:
             name = m.group("field")
             steps.append(("all", None) if name == "*" else ("field", name))
-        else:
-            steps.append(_bracket(m.group("bracket").strip(), path))
     return steps
+
+
+def _bracket_end(text: str, start: int, path: str) -> int:
+    """Index of the ``]`` closing the ``[`` at ``start`` (quoted text may hold ``]``)."""
+    quote = ""
+    for i in range(start + 1, len(text)):
+        ch = text[i]
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "]":
+            return i
+    what = f"unclosed {quote} quote" if quote else "unclosed ["
+    raise JSONPathError(f"unexpected {text[start:][:40]!r} in {path[:80]!r}: {what}")
 
 
 def _bracket(inner: str, path: str) -> Step:

@@ -52,14 +52,16 @@ from drahealth.cli._access import (
     operator_identity,
 )
 from drahealth.core import format_time, parse_time
-from drahealth.kube import DiscoveryError, ServedAPIs, discover, to_internal
+from drahealth.kube import DiscoveryError, ServedAPIs, discover
 from drahealth.remedy import (
     EFFECTS,
     ControlError,
     DeviceRef,
     RuleAPIUnavailable,
     RuleError,
+    UnpublishedDevice,
     apply_taint,
+    check_device,
     created_by,
     names_device,
     parse_device,
@@ -117,22 +119,6 @@ def _device(_ctx: click.Context, _param: click.Parameter, value: str) -> DeviceR
         raise click.BadParameter(str(exc)) from exc
 
 
-async def _published(client: AsyncClient, served: ServedAPIs, device: DeviceRef) -> bool:
-    """Whether a ResourceSlice of ``device``'s driver publishes it (pool and name)."""
-    cls = served.resource("ResourceSlice")
-    if cls is None:
-        return False
-    async for s in client.list(cls, fields={"spec.driver": device.driver}):
-        spec = to_internal(s.to_dict()).get("spec") or {}
-        if spec.get("driver") != device.driver:
-            continue
-        if (spec.get("pool") or {}).get("name") != device.pool:
-            continue
-        if any(d.get("name") == device.device for d in spec.get("devices") or []):
-            return True
-    return False
-
-
 async def _controller_rules(
     client: AsyncClient, served: ServedAPIs, device: DeviceRef, key: str, effect: str | None
 ) -> list[str]:
@@ -188,6 +174,7 @@ def taint_command(
     publishes is refused unless --force.
     """
     try:
+        check_device(device)
         validate_taint(key, value, effect)
     except RuleError as exc:
         raise click.UsageError(str(exc)) from exc
@@ -203,15 +190,14 @@ def taint_command(
             served = await _discover(client)
             if served.resource("DeviceTaintRule") is None:
                 raise RuleAPIUnavailable(served)
-            if not force and not await _published(client, served, device):
-                raise CommandError(
-                    f"no ResourceSlice publishes {device} (check the name with "
-                    "'drahealth status -o wide' or 'kubectl get resourceslices'; "
-                    "--force taints it anyway)"
-                )
             _, outcome = await apply_taint(
-                client, device, key=key, value=value, effect=effect, served=served
+                client, device, key=key, value=value, effect=effect, served=served, force=force
             )
+        except UnpublishedDevice as exc:
+            raise CommandError(
+                f"{exc} (check the name with 'drahealth status -o wide' or "
+                "'kubectl get resourceslices'; --force taints it anyway)"
+            ) from None
         except RuleAPIUnavailable as exc:
             raise CommandError(str(exc)) from None
         finally:

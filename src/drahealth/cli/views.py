@@ -610,7 +610,13 @@ def history_command(access: Access, device: str, controller_ns: str | None, outp
     machine output). The controller's namespace is found from its ConfigMaps.
     """
     from drahealth.cli._remediation import history_line, read_remediation_state
-    from drahealth.remedy import HISTORY_CONFIGMAP, STATE_CONFIGMAP, RuleError, parse_device
+    from drahealth.remedy import (
+        HISTORY_CONFIGMAP,
+        STATE_CONFIGMAP,
+        RuleError,
+        parse_device,
+        recorded_by,
+    )
 
     try:
         key = str(parse_device(device))
@@ -664,6 +670,8 @@ def history_command(access: Access, device: str, controller_ns: str | None, outp
                         f"({exc.status.message}): the controller's actions not shown"
                     )
             for e in _list(client, Event, None):
+                if recorded_by(e, ctl_ns) is None:
+                    continue  # only drahealth's own Events (see recorded_by)
                 if mentions_device(str(e.get("message", "")), key):
                     obj = e.get("involvedObject") or {}
                     component = (e.get("source") or {}).get("component", "")

@@ -13,6 +13,7 @@ it never opens a connection itself; lightkube/httpx2 connect lazily on first req
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,9 @@ import msgspec
 import yaml
 from lightkube import AsyncClient, Client, ConfigError, KubeConfig, SingleConfig
 from lightkube.config.models import Cluster, Context, User
+
+from drahealth._yaml import YAMLLimits, load_bounded
+from drahealth.kube._exec_credential import ExecCredentialError, exec_credential
 
 __all__ = [
     "DEFAULT_KUBECONFIG",
@@ -158,25 +162,110 @@ def _single_from_doc(
                 f"{where}: context '{chosen}' refers to unknown user '{ctx.user}'"
             )
         user = kc.users[ctx.user]
+        user_doc = next(e["user"] for e in doc["users"] if e["name"] == ctx.user)
     else:
         # lightkube asserts a user exists; an empty user means "no credentials".
-        user = User()
+        user, user_doc = User(), {}
+    base = fname.parent if fname is not None else None
+    try:
+        user = _resolve_user(user, user_doc, base, where)
+        if cluster.certificate_auth:
+            _check_file(_under(base, cluster.certificate_auth), MAX_CERT_BYTES,
+                        "certificate-authority")  # fmt: skip
+    except ValueError as exc:
+        raise KubeConfigError(f"{where}: {exc}") from None
     return SingleConfig(context_name=chosen, context=ctx, cluster=cluster, user=user, fname=fname)
+
+
+def _under(base: Path | None, name: str) -> Path:
+    path = Path(name).expanduser()
+    return path if path.is_absolute() or base is None else base / path
+
+
+def _resolve_user(user: User, user_doc: Mapping[str, Any], base: Path | None, where: str) -> User:
+    """``user`` with its credentials read, bounded, now: a token file's token, an exec
+    plugin's token or certificate (lightkube then reads no file and runs nothing itself);
+    certificate and key files checked to be regular files of a bounded size."""
+    for what, name in (("client-certificate", user.client_cert), ("client-key", user.client_key)):
+        if name:
+            _check_file(_under(base, name), MAX_CERT_BYTES, what)
+    if user.token_file and not user.token:
+        path = _under(base, user.token_file)
+        try:
+            token = read_bounded(path, MAX_TOKEN_BYTES, "tokenFile").decode("utf-8").strip()
+        except FileNotFoundError:
+            raise ValueError(f"tokenFile {path} not found") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"tokenFile {path}: cannot read: {exc}") from None
+        user = msgspec.structs.replace(user, token=token, token_file=None)
+    elif user.token_file:
+        user = msgspec.structs.replace(user, token_file=None)  # kubectl: token wins
+    spec = user_doc.get("exec")
+    if user.exec is not None and isinstance(spec, Mapping) and not user.token:
+        try:
+            cred = exec_credential(spec, where, base)
+        except ExecCredentialError as exc:
+            raise ValueError(str(exc).removeprefix(f"{where}: ")) from None
+        user = msgspec.structs.replace(
+            user, exec=None, token=cred.token,
+            client_cert_data=cred.client_certificate_data or user.client_cert_data,
+            client_key_data=cred.client_key_data or user.client_key_data,
+        )  # fmt: skip
+    elif user.exec is not None:
+        user = msgspec.structs.replace(user, exec=None)
+    return user
+
+
+#: Largest kubeconfig file read, in bytes.
+MAX_KUBECONFIG_BYTES = 4 << 20
+#: Bounds on a kubeconfig document.
+KUBECONFIG_YAML = YAMLLimits(max_chars=MAX_KUBECONFIG_BYTES, max_depth=64, max_aliases=200,
+                             max_nodes=500_000)  # fmt: skip
+#: Largest token file, in bytes.
+MAX_TOKEN_BYTES = 64 * 1024
+#: Largest certificate or key file a kubeconfig may name, in bytes.
+MAX_CERT_BYTES = 1 << 20
+
+
+def read_bounded(path: Path, limit: int, what: str) -> bytes:
+    """The bytes of the regular file ``path`` (at most ``limit``); OSError for a missing
+    file, :class:`KubeConfigError`-ready ValueError naming ``what`` for anything else."""
+    with open(path, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ValueError(f"{what} {path} is not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{what} {path} is larger than {limit} bytes")
+    return data
+
+
+def _check_file(path: Path, limit: int, what: str) -> None:
+    """Refuse a file a kubeconfig names that is not regular or is too big (a missing one
+    is left to the caller, who names it)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{what} {path} is not a regular file")
+    if st.st_size > limit:
+        raise ValueError(f"{what} {path} is larger than {limit} bytes")
 
 
 def _read_doc(path: Path) -> Any:
     """The parsed YAML of the kubeconfig file ``path`` (errors name the file)."""
     where = f"kubeconfig {path}"
     try:
-        text = path.expanduser().read_text(encoding="utf-8")
+        data = read_bounded(path.expanduser(), MAX_KUBECONFIG_BYTES, "the file")
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise KubeConfigError(f"{where}: file not found") from None
     except IsADirectoryError:
         raise KubeConfigError(f"{where}: is a directory, not a file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise KubeConfigError(f"{where}: cannot read: {exc}") from exc
     try:
-        return yaml.safe_load(text)
+        return load_bounded(text, KUBECONFIG_YAML)
     except yaml.YAMLError as exc:
         detail = str(exc).replace("\n", " ")
         raise KubeConfigError(f"{where}: invalid YAML: {detail}") from exc
@@ -262,8 +351,8 @@ def _load_service_account(sa_dir: Path, environ: Mapping[str, str]) -> SingleCon
         )
     token_file = sa_dir / "token"
     try:
-        token = token_file.read_text(encoding="utf-8").strip()
-    except OSError as exc:
+        token = read_bounded(token_file, MAX_TOKEN_BYTES, "token").decode("utf-8").strip()
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise KubeConfigError(f"{where}: cannot read token: {exc}") from exc
     ns_file = sa_dir / "namespace"
     namespace = ns_file.read_text(encoding="utf-8").strip() if ns_file.is_file() else None

@@ -24,11 +24,14 @@ if TYPE_CHECKING:
     from drahealth.remedy._modes import ModeChoice, ModeError, resolve_mode
     from drahealth.remedy._operator import (
         RuleAPIUnavailable,
+        UnpublishedDevice,
         apply_taint,
+        check_device,
         names_device,
         remove_taints,
     )
     from drahealth.remedy._policy_load import load_policy, parse_policy
+    from drahealth.remedy._provenance import recorded_by
     from drahealth.remedy._rules import (
         CONTROLLER_LABEL,
         DEFAULT_TAINT_KEY,
@@ -69,6 +72,9 @@ _EXPORTS: dict[str, str] = {
     "resolve_mode": "drahealth.remedy._modes",
     "RuleAPIUnavailable": "drahealth.remedy._operator",
     "apply_taint": "drahealth.remedy._operator",
+    "UnpublishedDevice": "drahealth.remedy._operator",
+    "check_device": "drahealth.remedy._operator",
+    "recorded_by": "drahealth.remedy._provenance",
     "names_device": "drahealth.remedy._operator",
     "remove_taints": "drahealth.remedy._operator",
     "load_policy": "drahealth.remedy._policy_load",
@@ -112,7 +118,9 @@ __all__ = [
     "RemediationController",
     "RuleAPIUnavailable",
     "RuleError",
+    "UnpublishedDevice",
     "apply_taint",
+    "check_device",
     "claims_by_name",
     "consumers",
     "created_by",
@@ -126,6 +134,7 @@ __all__ = [
     "parse_policy",
     "pod_observations",
     "read_state",
+    "recorded_by",
     "remove_taints",
     "resolve_mode",
     "rule_body",

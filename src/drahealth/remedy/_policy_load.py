@@ -12,13 +12,15 @@ is linear in the message. See docs/policy.md for the format.
 from __future__ import annotations
 
 import math
+import os
 import re
+import stat
 from typing import Any, Literal
 
 import msgspec
 import yaml
 
-from drahealth._yaml import StrictLoader
+from drahealth._yaml import YAMLLimits, load_bounded
 from drahealth.core import (
     DEFAULT_NODE_TAINT_KEY,
     DEFAULT_TAINT_KEY,
@@ -215,13 +217,28 @@ class _Policy(_Base):
 FALLBACK_MODES = tuple(m for m in REMEDIATION_MODES if m not in ("auto", "taint-rules"))
 
 
+#: Largest policy file, in bytes (read no further: a bigger file is refused unparsed).
+MAX_POLICY_BYTES = 512 * 1024
+#: Most rules a policy may have.
+MAX_RULES = 1000
+#: Bounds on the policy document (the Job templates inside it included).
+POLICY_YAML = YAMLLimits(max_chars=MAX_POLICY_BYTES, max_depth=48, max_aliases=200,
+                         max_nodes=200_000)  # fmt: skip
+
+
 def load_policy(path: str) -> Policy:
-    """Read and validate the policy file at ``path``."""
+    """Read and validate the policy file at ``path`` (at most :data:`MAX_POLICY_BYTES`)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise PolicyError(f"{path}: not a regular file")
+            data = f.read(MAX_POLICY_BYTES + 1)
     except OSError as exc:
         raise PolicyError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    if len(data) > MAX_POLICY_BYTES:
+        raise PolicyError(f"{path}: the file is larger than {MAX_POLICY_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PolicyError(f"{path}: not UTF-8 text: {exc.reason}") from exc
     return parse_policy(text, path)
@@ -229,8 +246,10 @@ def load_policy(path: str) -> Policy:
 
 def parse_policy(text: str, source: str = "<policy>") -> Policy:
     """Validate policy YAML ``text``; errors name ``source`` and the field."""
+    if len(text) > MAX_POLICY_BYTES:
+        raise PolicyError(f"{source}: the policy is larger than {MAX_POLICY_BYTES} characters")
     try:
-        raw = yaml.load(text, Loader=StrictLoader)  # a SafeLoader
+        raw = load_bounded(text, POLICY_YAML)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -238,6 +257,9 @@ def parse_policy(text: str, source: str = "<policy>") -> Policy:
         raise PolicyError(f"{source}: {where}invalid YAML: {problem}") from exc
     if not isinstance(raw, dict):
         raise PolicyError(f"{source}: the top level must be a mapping, got {_kind(raw)}")
+    rules = raw.get("rules")
+    if isinstance(rules, list) and len(rules) > MAX_RULES:
+        raise PolicyError(f"{source}: rules: at most {MAX_RULES} rules, got {len(rules)}")
     _check_attributes(raw, source)
     try:
         spec = msgspec.convert(raw, _Policy, strict=True)

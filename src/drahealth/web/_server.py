@@ -25,7 +25,12 @@ an eviction (field selector ``reason=EvictionBlocked``; optional). The JSON serv
 always valid JSON: a state that cannot be written without NaN/Infinity is not published
 (the last good one stays).
 
-Bounds: at most :data:`MAX_STREAMS` event streams at once (more get 503); each stream
+Bounds: at most :data:`MAX_STREAMS_PER_CLIENT` event streams per client address and
+:data:`MAX_STREAMS` in all. A new stream is never refused for want of room: past a
+client's own limit its oldest stream is closed, past the global one the oldest stream
+of the client holding the most is (an EventSource reconnects by itself). So readers
+that pile up cannot lock the operator out, and streams never use up the connections
+the page, ``/api/state`` and ``/healthz`` need. Each stream
 holds at most :data:`STREAM_QUEUE` deltas not yet sent, and one write may block at most
 :data:`STREAM_WRITE_TIMEOUT` seconds: a client that falls behind either way is
 disconnected (the browser's EventSource reconnects and gets the current state).
@@ -43,10 +48,12 @@ cross-site form or ``text/plain`` request cannot ride on the cookie.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
@@ -80,6 +87,7 @@ from drahealth.remedy import (
     RuleError,
     apply_taint,
     parse_device,
+    recorded_by,
     remove_taints,
 )
 from drahealth.web._state import (
@@ -102,8 +110,10 @@ COOKIE = "drahealth_token"
 READ_ONLY = "the dashboard is read-only: start it with --token-file to allow taint/untaint"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-#: Event streams served at once.
-MAX_STREAMS = 256
+#: Event streams served at once (well under the connection limit: the rest is for pages).
+MAX_STREAMS = 128
+#: Event streams one client address may hold at once.
+MAX_STREAMS_PER_CLIENT = 16
 #: States a stream may be behind before its client is disconnected.
 STREAM_QUEUE = 8
 #: Seconds one write to a stream may block before its client is disconnected.
@@ -178,6 +188,8 @@ class Dashboard:
         self.stream_write_timeout = STREAM_WRITE_TIMEOUT
         #: Streams disconnected for falling behind, since start.
         self.slow_streams_closed = 0
+        #: Streams closed to make room for a newer one, since start.
+        self.streams_replaced = 0
         self._warned: set[str] = set()
         #: The state ConfigMap's resourceVersion and its reading (parsed once per change).
         self._remedy_state: tuple[str, RemediationState] | None = None
@@ -465,16 +477,26 @@ class Dashboard:
         if self.token is None or request.path == "/healthz":
             return await handler(request)
         offered = request.query.get("token") if request.path == "/" else None
-        if offered is not None and hmac.compare_digest(offered.encode(), self.token.encode()):
+        if offered is not None and self._is_token(offered):
             found = web.HTTPFound("/")
             found.set_cookie(COOKIE, self.token, httponly=True, samesite="Strict")
             raise found
         header = request.headers.get("Authorization", "")
         given = header.removeprefix("Bearer ") if header.startswith("Bearer ") else None
         given = given if given is not None else request.cookies.get(COOKIE)
-        if given is None or not hmac.compare_digest(given.encode(), self.token.encode()):
+        if given is None or not self._is_token(given):
             return web.json_response({"error": "a valid token is required"}, status=401)
         return await handler(request)
+
+    def _is_token(self, given: str) -> bool:
+        """Whether ``given`` is the token (in constant time); text that is not UTF-8
+        (undecodable header or cookie bytes) never is."""
+        assert self.token is not None
+        try:
+            offered = given.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return hmac.compare_digest(offered, self.token.encode("utf-8"))
 
     async def _body(self, request: web.Request, fields: tuple[str, ...]) -> dict[str, str]:
         try:
@@ -538,11 +560,27 @@ class Dashboard:
     async def _state(self, _request: web.Request) -> web.Response:
         return web.Response(text=self.state_text(), content_type="application/json")
 
+    def _make_room(self, client: str) -> None:
+        """Close the stream a new one from ``client`` replaces, if the bounds need one."""
+        mine = [q for q, r in self._subscribers.items() if (r.remote or "") == client]
+        if len(mine) >= MAX_STREAMS_PER_CLIENT:
+            victim = mine[0]  # the client's oldest
+        elif len(self._subscribers) >= MAX_STREAMS:
+            counts = Counter(r.remote or "" for r in self._subscribers.values())
+            busiest = max(counts, key=lambda k: counts[k])
+            victim = next(q for q, r in self._subscribers.items() if (r.remote or "") == busiest)
+        else:
+            return
+        request = self._subscribers.pop(victim)
+        self.streams_replaced += 1
+        log.info("dashboard: closing the oldest event stream of %s for a new one", request.remote)
+        with contextlib.suppress(asyncio.QueueFull):
+            victim.put_nowait("")  # its handler ends
+        if request.transport is not None:
+            request.transport.abort()
+
     async def _events(self, request: web.Request) -> web.StreamResponse:
-        if len(self._subscribers) >= MAX_STREAMS:
-            return web.json_response(
-                {"error": f"too many event streams (at most {MAX_STREAMS})"}, status=503
-            )
+        self._make_room(request.remote or "")
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
@@ -609,6 +647,8 @@ class Dashboard:
             pass
         try:
             async for e in self.client.list(Event, namespace="*"):
+                if recorded_by(as_dict(e), self.history_namespace) is None:
+                    continue  # only drahealth's own Events (see recorded_by)
                 if mentions_device(e.message or "", device):
                     when = e.lastTimestamp or e.firstTimestamp
                     rows.append({"time": when.isoformat() if when else "", "what": e.reason or "",

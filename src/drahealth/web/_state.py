@@ -41,7 +41,7 @@ from drahealth.core import (
     RemediationState,
     decode_devices,
 )
-from drahealth.remedy import device_taints
+from drahealth.remedy import device_taints, recorded_by
 
 __all__ = [
     "Context",
@@ -261,6 +261,8 @@ def _leaving(pods: PodFacts, events: Iterable[JSON]) -> dict[tuple[str, str], st
         obj = e.get("involvedObject") or {}
         if e.get("reason") != "EvictionBlocked" or obj.get("kind") != "Pod":
             continue
+        if recorded_by(e, None) != "controller":
+            continue  # not the controller's (a tenant's Event about some pod)
         ident = (str(obj.get("namespace", "")), str(obj.get("name", "")))
         if ident not in uids or ident in out or (obj.get("uid") and obj["uid"] != uids[ident]):
             continue  # gone, being evicted, or an earlier pod of the same name

@@ -267,6 +267,8 @@ async def test_history_merges_controller_actions_and_events(
                 "involvedObject": {"kind": "Pod", "name": "train", "namespace": "ml"},
                 "lastTimestamp": "2026-11-22T09:59:59Z",
                 "source": {"component": "drahealth-agent"},
+                "reportingComponent": "drahealth-agent",
+                "reportingInstance": NODE,
             }
         )
     )

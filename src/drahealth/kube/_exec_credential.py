@@ -1,0 +1,239 @@
+"""Exec credential plugins of kubeconfig users (``users[].user.exec``), as kubectl runs them.
+
+Owns :func:`exec_credential`: run the plugin a kubeconfig names
+(``client.authentication.k8s.io/v1`` or ``v1beta1``) and read its ExecCredential:
+``status.token``, or ``status.clientCertificateData`` and ``status.clientKeyData``, and
+``status.expirationTimestamp``. As client-go does, ``env`` is added to the environment,
+``args`` follow the command, a relative command with a slash is relative to the
+kubeconfig's directory, ``KUBERNETES_EXEC_INFO`` tells the plugin whether it may
+interact, and ``interactiveMode`` decides stdin (``Never``: none; ``IfAvailable``: the
+terminal, if there is one; ``Always``: refused without a terminal).
+
+Bounds: the plugin runs in its own session (process group) with a deadline of
+:data:`EXEC_TIMEOUT` seconds, its output is read up to :data:`MAX_OUTPUT` bytes and its
+stderr up to :data:`MAX_STDERR` (the rest is dropped); past the deadline or the output
+bound the whole group is killed and the error says which. A credential is reused until
+shortly before it expires (for the life of the process when it names no expiry).
+Every failure is an :class:`ExecCredentialError` naming the plugin and why (the
+kubeconfig loader reports it as a ``KubeConfigError``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["EXEC_TIMEOUT", "MAX_OUTPUT", "ExecCredential", "ExecCredentialError", "exec_credential"]
+
+#: Seconds a plugin may run.
+EXEC_TIMEOUT = 60.0
+#: Bytes of ExecCredential output read at most.
+MAX_OUTPUT = 1 << 20
+#: Bytes of the plugin's stderr kept for the error message.
+MAX_STDERR = 4096
+#: API versions of ExecCredential understood.
+VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1")
+#: A cached credential is run again this many seconds before it expires.
+_EARLY = 30.0
+
+
+class ExecCredentialError(ValueError):
+    """The plugin could not be run or its answer not used; the text says which and why."""
+
+
+@dataclass(frozen=True)
+class ExecCredential:
+    """What a plugin answered: a bearer token and/or a client certificate (PEM)."""
+
+    token: str | None
+    client_certificate_data: str | None
+    client_key_data: str | None
+    expires: float | None
+
+
+_cache: dict[str, ExecCredential] = {}
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _run(
+    argv: list[str], env: Mapping[str, str], stdin: Any, where: str
+) -> tuple[int, bytes, bytes]:
+    """Run ``argv`` bounded in time and output; (exit code, stdout, stderr)."""
+    try:
+        proc = subprocess.Popen(
+            argv, env=dict(env), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True, close_fds=True,
+        )  # fmt: skip
+    except OSError as exc:
+        raise ExecCredentialError(f"{where}: cannot run {argv[0]}: {exc.strerror or exc}") from None
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = bytearray(), bytearray()
+    deadline = time.monotonic() + EXEC_TIMEOUT
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ, out)
+        sel.register(proc.stderr, selectors.EVENT_READ, err)
+        try:
+            while sel.get_map():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    _kill(proc)
+                    raise ExecCredentialError(
+                        f"{where}: {argv[0]} did not answer within {EXEC_TIMEOUT:g}s"
+                    )
+                for key, _ in sel.select(min(left, 1.0)):
+                    chunk = os.read(key.fd, 65536)
+                    if not chunk:
+                        sel.unregister(key.fileobj)
+                        continue
+                    buf: bytearray = key.data
+                    buf += chunk
+                    if buf is out and len(out) > MAX_OUTPUT:
+                        _kill(proc)
+                        raise ExecCredentialError(
+                            f"{where}: {argv[0]} printed more than {MAX_OUTPUT} bytes"
+                        )
+                    if buf is err and len(err) > MAX_STDERR:
+                        del err[MAX_STDERR:]
+        finally:
+            proc.stdout.close()
+            proc.stderr.close()
+    try:
+        code = proc.wait(max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        raise ExecCredentialError(
+            f"{where}: {argv[0]} did not exit within {EXEC_TIMEOUT:g}s"
+        ) from None
+    return code, bytes(out), bytes(err)
+
+
+def _expiry(value: Any, where: str) -> float | None:
+    if value in (None, ""):
+        return None
+    try:
+        when = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        raise ExecCredentialError(
+            f"{where}: status.expirationTimestamp {value!r} is not RFC 3339"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.UTC)
+    return when.timestamp()
+
+
+def _parse(output: bytes, api_version: str, where: str) -> ExecCredential:
+    try:
+        doc = json.loads(output)
+    except (ValueError, RecursionError):
+        raise ExecCredentialError(
+            f"{where}: the plugin's output is not an ExecCredential (JSON)"
+        ) from None
+    if not isinstance(doc, dict) or doc.get("kind") != "ExecCredential":
+        raise ExecCredentialError(f"{where}: the plugin's output is not an ExecCredential")
+    if doc.get("apiVersion") != api_version:
+        raise ExecCredentialError(
+            f"{where}: the plugin answered apiVersion {doc.get('apiVersion')!r}, not {api_version}"
+        )
+    status = doc.get("status")
+    if not isinstance(status, dict):
+        raise ExecCredentialError(f"{where}: the plugin's ExecCredential has no status")
+    token = status.get("token")
+    cert, key = status.get("clientCertificateData"), status.get("clientKeyData")
+    for name, value in (("token", token), ("clientCertificateData", cert),
+                        ("clientKeyData", key)):  # fmt: skip
+        if value is not None and not isinstance(value, str):
+            raise ExecCredentialError(f"{where}: status.{name} must be a string")
+    if bool(cert) != bool(key):
+        raise ExecCredentialError(
+            f"{where}: status.clientCertificateData and clientKeyData must come together"
+        )
+    if not token and not cert:
+        raise ExecCredentialError(
+            f"{where}: the plugin's ExecCredential has no token or certificate"
+        )
+    return ExecCredential(token or None, cert or None, key or None,
+                          _expiry(status.get("expirationTimestamp"), where))  # fmt: skip
+
+
+def exec_credential(spec: Mapping[str, Any], where: str, base: Path | None) -> ExecCredential:
+    """Run the exec plugin ``spec`` (a kubeconfig ``user.exec``); ``base`` is the
+    kubeconfig's directory. Raises :class:`ExecCredentialError` naming what went wrong."""
+    where = f"{where}: exec plugin"
+    api_version, command = spec.get("apiVersion"), spec.get("command")
+    if api_version not in VERSIONS:
+        raise ExecCredentialError(
+            f"{where}: apiVersion {api_version!r} is not supported (use {' or '.join(VERSIONS)})"
+        )
+    if not isinstance(command, str) or not command:
+        raise ExecCredentialError(f"{where}: no command")
+    args, env_list = spec.get("args") or [], spec.get("env") or []
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise ExecCredentialError(f"{where}: args must be a list of strings")
+    if not isinstance(env_list, list) or not all(
+        isinstance(e, Mapping)
+        and isinstance(e.get("name"), str)
+        and isinstance(e.get("value"), str)
+        for e in env_list
+    ):
+        raise ExecCredentialError(f"{where}: env must be a list of {{name, value}} strings")
+    mode = spec.get("interactiveMode") or (
+        "IfAvailable" if api_version.endswith("v1beta1") else None
+    )
+    if mode is None:
+        raise ExecCredentialError(
+            f"{where}: interactiveMode must be given for {api_version} (Never, IfAvailable "
+            "or Always)"
+        )
+    if mode not in ("Never", "IfAvailable", "Always"):
+        raise ExecCredentialError(
+            f"{where}: interactiveMode must be Never, IfAvailable or Always (got {mode!r})"
+        )
+    if "/" in command and not os.path.isabs(command) and base is not None:
+        command = str(base / command)
+    terminal = sys.stdin is not None and sys.stdin.isatty()
+    if mode == "Always" and not terminal:
+        raise ExecCredentialError(f"{where}: interactiveMode Always needs a terminal on stdin")
+    interactive = terminal and mode != "Never"
+    argv = [command, *args]
+    key = json.dumps([argv, env_list, api_version, interactive])
+    cached = _cache.get(key)
+    if cached is not None and (cached.expires is None or cached.expires - _EARLY > time.time()):
+        return cached
+    env = dict(os.environ)
+    env.update((e["name"], e["value"]) for e in env_list)
+    info = {
+        "apiVersion": api_version,
+        "kind": "ExecCredential",
+        "spec": {"interactive": interactive},
+    }
+    env["KUBERNETES_EXEC_INFO"] = json.dumps(info)
+    try:
+        code, out, err = _run(argv, env, None if interactive else subprocess.DEVNULL, where)
+    except ValueError as exc:  # e.g. a NUL in an argument or the environment
+        raise ExecCredentialError(f"{where}: cannot run {command}: {exc}") from None
+    if code != 0:
+        said = err.decode("utf-8", "replace").strip().replace("\n", " ")[:MAX_STDERR]
+        hint = spec.get("installHint")
+        raise ExecCredentialError(
+            f"{where}: {command} exited with {code}" + (f": {said}" if said else "")
+            + (f" ({str(hint).strip()[:200]})" if hint and code == 127 else "")
+        )  # fmt: skip
+    credential = _parse(out, api_version, where)
+    _cache[key] = credential
+    return credential

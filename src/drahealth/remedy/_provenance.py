@@ -1,0 +1,81 @@
+"""Which Events drahealth wrote: the one predicate every reader of Events applies.
+
+Owns :func:`recorded_by`. Anyone who may create Events in a namespace can write one
+that *says* it comes from the remediation controller; ``drahealth history``, the
+dashboard's history and its PDB-blocked markers must not take such an Event as the
+controller's. An Event counts as drahealth's only when all of these hold:
+
+* it names the writer the same way in ``source.component`` and in
+  ``reportingComponent`` (``reportingController`` in events.k8s.io), and names an
+  instance (``reportingInstance``), as :func:`drahealth.kube.make_event` writes them;
+* the writer is the remediation controller (:data:`CONTROLLER_COMPONENT`) or a node
+  agent (:data:`AGENT_COMPONENT`);
+* it lives where that writer puts it: an Event about a namespaced object is in that
+  object's namespace (the API server enforces this for core/v1 Events; it is checked
+  again here); the controller's Events about cluster-scoped objects (rules, nodes) and
+  about its own ConfigMaps are in the controller's namespace, and in any other
+  namespace it only writes the eviction Events of a Pod there
+  (:data:`CONTROLLER_POD_REASONS`); an agent only writes Events about Pods with its
+  device-health reasons (:data:`AGENT_POD_REASONS`).
+
+So a tenant can at most forge an eviction or health Event about its *own* pod, in its
+own namespace, which says nothing about anyone else's pod or device history beyond what
+it could already say. Pure (dicts in, answer out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final, Literal
+
+__all__ = [
+    "AGENT_COMPONENT",
+    "AGENT_POD_REASONS",
+    "CONTROLLER_COMPONENT",
+    "CONTROLLER_POD_REASONS",
+    "recorded_by",
+]
+
+#: ``source.component``/``reportingComponent`` of the remediation controller's Events.
+CONTROLLER_COMPONENT: Final = "drahealth-controller"
+#: ... and of a node agent's.
+AGENT_COMPONENT: Final = "drahealth-agent"
+#: What the controller says about a Pod, in the Pod's namespace.
+CONTROLLER_POD_REASONS: Final = frozenset(
+    {"DeviceTaintEviction", "EvictionBlocked", "EvictionFailed"}
+)
+#: What an agent says about a Pod, in the Pod's namespace.
+AGENT_POD_REASONS: Final = frozenset({"DeviceUnhealthy", "DeviceHealthUnknown", "DeviceHealthy"})
+
+Writer = Literal["controller", "agent"]
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def recorded_by(event: Mapping[str, Any], controller_namespace: str | None) -> Writer | None:
+    """``"controller"`` or ``"agent"`` where drahealth wrote ``event`` (a core/v1 Event as
+    a dict), else None. ``controller_namespace`` is the controller's (None: unknown, then
+    only its Pod Events are taken)."""
+    source = event.get("source")
+    component = _text(source.get("component")) if isinstance(source, Mapping) else ""
+    reporting = _text(event.get("reportingComponent") or event.get("reportingController"))
+    if not component or component != reporting or not _text(event.get("reportingInstance")):
+        return None
+    meta, obj = event.get("metadata"), event.get("involvedObject") or event.get("regarding")
+    namespace = _text(meta.get("namespace")) if isinstance(meta, Mapping) else ""
+    if not isinstance(obj, Mapping) or not namespace:
+        return None
+    obj_namespace, kind = _text(obj.get("namespace")), _text(obj.get("kind"))
+    if obj_namespace and obj_namespace != namespace:
+        return None  # an Event about another namespace's object
+    reason = _text(event.get("reason"))
+    pod_event = kind == "Pod" and bool(obj_namespace)
+    if component == AGENT_COMPONENT:
+        return "agent" if pod_event and reason in AGENT_POD_REASONS else None
+    if component != CONTROLLER_COMPONENT:
+        return None
+    if controller_namespace is not None and namespace == controller_namespace:
+        return "controller"
+    return "controller" if pod_event and reason in CONTROLLER_POD_REASONS else None
