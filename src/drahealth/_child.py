@@ -4,9 +4,10 @@ Owns :func:`run_child` (blocking, for source threads), :func:`run_child_async` (
 on a thread of its own, for asyncio code), :class:`ChildResult` and :class:`ChildError`.
 Every run
 
-* checks its arguments and environment first: a value a process cannot be given (a NUL
-  byte, an ``=`` in a variable's name) is a :class:`ChildError` naming it, as is a command
-  that cannot start;
+* checks its arguments, environment and timeout first: a value a process cannot be
+  given (a NUL byte, an ``=`` in a variable's name) and a timeout that is no number of
+  seconds >= 0 (NaN, negative) are a :class:`ChildError` naming it, as is a command that
+  cannot start;
 * waits for one of at most :data:`MAX_CHILDREN` slots shared by the whole process (the
   wait counts against the run's timeout; no slot in time: not started);
 * starts the command in a session and process group of its own, with its standard input
@@ -206,21 +207,27 @@ def run_child(
     kill_grace: float = KILL_GRACE,
     stop: threading.Event | None = None,
     die_with_parent: bool = True,
+    stdin_inherit: bool = False,
 ) -> ChildResult:
     """Run ``argv`` with exactly ``env`` as its environment for at most ``timeout``
-    seconds (see the module docstring). Raises :class:`ChildError` when it was not
-    started."""
+    seconds (see the module docstring). ``stdin_inherit`` hands it this process's
+    standard input instead of none (an interactive credential plugin). Raises
+    :class:`ChildError` when it was not started."""
     _check(argv, env)
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout >= 0:
+        raise ChildError(f"not started: the timeout {timeout!r} is no number of seconds >= 0")
     started = time.monotonic()
-    deadline = started + max(0.0, timeout)
-    if not _SLOTS.acquire(timeout=max(0.0, deadline - time.monotonic())):
+    deadline = started + timeout
+    # a wait longer than the platform's lock allows (1e10 s, inf) waits that long
+    left = min(max(0.0, deadline - time.monotonic()), threading.TIMEOUT_MAX / 2)
+    if not _SLOTS.acquire(timeout=left):
         raise ChildError(f"not started: {MAX_CHILDREN} commands are running already")
     try:
         try:
             proc = subprocess.Popen(
                 list(argv),
                 env=dict(env),
-                stdin=subprocess.DEVNULL,
+                stdin=None if stdin_inherit else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,

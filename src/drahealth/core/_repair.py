@@ -60,7 +60,7 @@ __all__ = [
 #: The longest wait between two attempts, whatever the doubling says (seconds).
 MAX_BACKOFF: Final = 3600.0
 _REFERENCE = re.compile(r"\$\(DRAHEALTH_([A-Za-z0-9_]+)\)")
-SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:/@+-]+$")
+SAFE_VALUE = re.compile(r"[A-Za-z0-9._:/@+-]+")
 #: Longest device value handed to a command (API attribute strings are at most 64).
 MAX_COMMAND_VALUE: Final = 1024
 #: Seconds past an exec repair's timeout its process group may still live (SIGTERM, then
@@ -124,15 +124,18 @@ def command_value_problem(value: str, attribute: str = "") -> str:
     """Why a device's value may not be handed to a command, as an argument or in the
     environment ("" when it may): the one check of repairs (:func:`repair_env`) and exec
     probes. A value must be made of ``[A-Za-z0-9._:/@+-]`` (nothing a shell or a parser
-    reads as syntax: no space, quote, ``$``, ``;`` or NUL), at most
+    reads as syntax: no space, quote, ``$``, ``;``, line break or NUL, and no leading ``-``
+    a command would read as an option), at most
     :data:`MAX_COMMAND_VALUE` characters; the value of a PCI address ``attribute``
     (``pciBusID``, ...) must be a PCI address."""
     if not value:
         return "it is empty"
     if len(value) > MAX_COMMAND_VALUE:
         return f"it is longer than {MAX_COMMAND_VALUE} characters"
-    if not SAFE_VALUE.match(value):
+    if not SAFE_VALUE.fullmatch(value):
         return "it may only hold letters, digits and . _ : / @ + -"
+    if value.startswith("-"):
+        return "it starts with '-' (a command would read it as an option)"
     name = attribute.rpartition("/")[2].lower()
     if name in PCI_ATTRIBUTES and normalize_pci_address(value) is None:
         return f"it is not a PCI address, as {attribute} must be"

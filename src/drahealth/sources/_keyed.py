@@ -19,8 +19,9 @@ each poll answers for exactly those values.
   Unknown; the first output line is the message. At most ``parallel`` run at once, each
   bounded as :func:`~drahealth.sources._probe.run_probe` runs it. A value is checked
   before it is substituted (:func:`~drahealth.core.command_value_problem`, the check of
-  repairs): one that fails it is never passed on, and only its device reads Unknown,
-  with the reason. ``{key}`` always stays one argument.
+  repairs, and no leading ``-`` that would read as an option): one that fails it is
+  never passed on, and only its device reads Unknown, with the reason. ``{key}`` always
+  stays one argument.
 * :class:`FileAttachedProbe` reads a JSON file ``{"devices": [{"key": "<value>",
   "health": "Unhealthy", "message": "...", "time": <unix seconds>}]}`` that a vendor tool
   keeps current; a device the file does not list, an entry older than ``max_age`` and
@@ -50,6 +51,7 @@ from drahealth.sources._probe import (
     ProbeFileError,
     probe_entry_age,
     probe_file_entries,
+    probe_file_index,
     read_probe_file,
     run_probe,
 )
@@ -240,7 +242,7 @@ class FileAttachedProbe:
         entries, problem = probe_file_entries(data, "key")
         if problem:
             return self._all(Health.UNKNOWN, f"probe file {self.path}: {problem}")
-        listed = {normalize_key(self.by, e["key"]): e for e in entries}
+        listed = probe_file_index(entries, lambda e: normalize_key(self.by, e["key"]))
         now = self._clock()
         out = []
         keys = self._keys or tuple(sorted(str(e["key"]) for e in entries))[:MAX_WATCHED_KEYS]

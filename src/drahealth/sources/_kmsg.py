@@ -9,10 +9,12 @@ Lines read (the address is what the device's ResourceSlice publishes as its PCI 
 
 * ``NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.``
   and its variants: with or without ``pid=``/``name=``, ``PCI:`` or not, a function digit
-  or not, behind a text log's known prefix only (``[12345.678901]``, ``Mar 27 00:13:33
-  host kernel:``, an ISO time and ``host kernel:``). Meaning and severity come from
-  core's one XID table (application XIDs are informational: the device stays Healthy
-  and the message is shown; every other XID is fatal); an XID the table does not know is described in the driver's own words;
+  or not, behind a text log's known prefix only (journalctl's and syslog's: a time,
+  ``host kernel:``; dmesg's: ``[12345.678901]`` and its other time formats, ``-x``'s
+  ``kern  :err   :``, ``-r``'s ``<3>``; see :data:`_TEXT_PREFIX`). Meaning and severity
+  come from core's one XID table (application XIDs are informational: the device stays
+  Healthy and the message is shown; every other XID is fatal); an XID the table does
+  not know is described in the driver's own words;
 * ``NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.`` and the three-line
   ``NVRM: The NVIDIA GPU 0000:3b:00.0 ... has fallen off the bus`` notice: as XID 79;
 * ``amdgpu 0000:03:00.0: amdgpu: GPU reset(2) failed``: fatal; ``GPU reset(3)
@@ -24,8 +26,14 @@ Lines read (the address is what the device's ResourceSlice publishes as its PCI 
 Only what the driver wrote counts: every pattern must match at the START of the
 kernel's message (the record's message, or a text line after its known prefix), never
 inside it, so text the kernel echoes for a user (``tmpfs: Unknown parameter 'NVRM: Xid
-...'``) is no fault; a /dev/kmsg record must have the kernel's facility, and a record
-whose ``DEVICE=+pci:`` context names another device than its message is ignored. (A
+...'``) is no fault, and the driver's words follow a device's address at once, so a crash
+record that starts with a user's process name (15 characters) and ends with the user's
+file name (``NVRM: GPU 3b:00[1768]: segfault ... in fallen off the bus[...]``) is none;
+a /dev/kmsg record must have the kernel's facility, a record whose
+``DEVICE=+pci:`` context names another device than its message is ignored, and so is
+one netfilter's LOG target wrote (``IN=... OUT=...`` after it: it starts with the
+prefix a rule's author chose, ``nft ... log prefix "NVRM: Xid ..."``). A text log's NUL
+bytes are dropped (the hole a writer that kept its offset leaves after copytruncate). (A
 text log is only as trustworthy as what writes it: syslog lets any local user log with
 the tag ``kernel``; read /dev/kmsg, or ``journalctl -k``'s output, where that matters.)
 
@@ -120,9 +128,14 @@ _XID_REST = re.compile(
     r"\s*,\s*(?:pid=(?P<pid>[^,]{0,40}),\s*)?(?:name=(?P<name>[^,]{0,80}),\s*)?(?P<detail>.*)",
     re.S,
 )
+# A user names a process (15 characters) and the file it runs, and the kernel's segfault
+# record starts with the one and ends with the other: ``NVRM: GPU 3b:00[1768]: segfault at
+# 0 ip ... in fallen off the bus[...]``. So no pattern leaves a gap right after a short
+# address: the driver's words follow it at once (the notice's first words alone are
+# longer than a process name).
 _FALLEN = re.compile(
-    rf"NVRM:\s+(?:The NVIDIA )?GPU (?:at )?(?:PCI:)?(?P<addr>{_ADDR})\b.{{0,300}}?"
-    r"fallen off the bus",
+    rf"NVRM:\s+(?:The NVIDIA GPU (?P<addr>{_ADDR})\b.{{0,300}}?fallen off the bus"
+    rf"|GPU (?:at )?(?:PCI:)?(?P<addr2>{_ADDR})(?::\s+GPU)?\s+has fallen off the bus)",
     re.S,
 )
 #: The first line of the driver's three-line fallen-off-the-bus notice, as a line of a
@@ -132,25 +145,42 @@ _AMD_RESET = re.compile(
     rf"amdgpu (?P<addr>{_ADDR}): (?:amdgpu: )?GPU reset\((?P<n>\d{{1,10}})\) "
     r"(?P<result>failed|succeeded)"
 )
-_I915_WEDGED = re.compile(rf"i915 (?P<addr>{_ADDR}): .{{0,80}}?Failed to reset chip")
+#: i915's words between the address and the fault: ``[drm]``, ``*ERROR*``, ``GT0:``.
+_I915_GAP = r"(?:\[drm\]\s+)?(?:\*ERROR\*\s+)?(?:GT\d{1,2}:\s+)?"
+_I915_WEDGED = re.compile(rf"i915 (?P<addr>{_ADDR}): {_I915_GAP}Failed to reset chip")
 _I915_HANG = re.compile(
-    rf"i915 (?P<addr>{_ADDR}): .{{0,40}}?GPU HANG: ecode (?P<ecode>[0-9A-Fa-f:]{{1,40}})"
+    rf"i915 (?P<addr>{_ADDR}): {_I915_GAP}GPU HANG: ecode (?P<ecode>[0-9A-Fa-f:]{{1,40}})"
 )
 #: How a message starts for any pattern above to match: a cheap first test.
 _MARKERS = ("NVRM:", "amdgpu ", "i915 ")
 
-#: The prefixes a text log puts before the kernel's message, and nothing else: a syslog
-#: or ISO time, a host and the tag ``kernel:`` (journalctl, rsyslog), then dmesg's
-#: ``[seconds.micros]`` or ``[Fri Aug 30 11:43:09 2024]``.
+#: The prefixes a text log puts before the kernel's message, and nothing else. Either a
+#: journal's or syslog's: a time (syslog, ISO, journalctl's short-full, short-unix or
+#: short-monotonic), a host and the tag ``kernel:``, then perhaps dmesg's
+#: ``[seconds.micros]``; or dmesg's own: the facility and level of ``-x`` (the kernel's
+#: only) or the raw priority of ``-r`` (facility 0 only), then a time (``[seconds]``,
+#: ``-d``'s delta, ``--ctime``, ``reltime``, ``iso``).
 _SYSLOG_TIME = r"[^\W\d_]{3,4}\.?\s{1,2}\d{1,2}\s\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?"
 _ISO_TIME = r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:[.,]\d{1,9})?(?:Z|[+-]\d{2}:?\d{2})?"
+_FULL_TIME = rf"[A-Z][a-z]{{2}} {_ISO_TIME} [A-Za-z0-9+-]{{1,6}}"
+_UNIX_TIME = r"\d{1,12}\.\d{1,9}"
+_MONO_TIME = r"\[\s{0,12}\d{1,12}\.\d{1,9}\]"
 _DMESG_TIME = (
-    r"\[\s{0,12}\d{1,12}\.\d{1,9}\]"
+    rf"{_MONO_TIME}"
+    r"|\[\s{0,12}\d{1,12}\.\d{1,9} <\s{0,12}\d{1,12}\.\d{1,9}>\]"
     r"|\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \d{4}\]"
+    r"|\[[A-Z][a-z]{2}\s?\d{1,2} \d{2}:\d{2}\]|\[\s{0,12}\+\d{1,12}\.\d{1,9}\]"
+    rf"|{_ISO_TIME}(?=\s)"
 )
 _TEXT_PREFIX = re.compile(
-    rf"(?:(?:{_SYSLOG_TIME}|{_ISO_TIME})\s\S{{1,255}}\skernel:\s?)?(?:(?:{_DMESG_TIME})\s?)?"
+    rf"(?:{_SYSLOG_TIME}|{_FULL_TIME}|{_ISO_TIME}|{_UNIX_TIME}|{_MONO_TIME})\s\S{{1,255}}"
+    rf"\skernel:\s?(?:{_MONO_TIME}\s?)?"
+    rf"|(?:kern\s{{0,6}}:[a-z]{{1,8}}\s{{0,6}}:\s)?(?:<[0-7]>)?(?:(?:{_DMESG_TIME})\s?)?"
 )
+#: What netfilter's LOG target writes after the prefix its rule's author chose (``nft
+#: ... log prefix "..."``, ``iptables -j LOG --log-prefix``): such a record starts with
+#: text a user chose, so it is never a fault. No driver line has it.
+_NETFILTER_LOG = re.compile(r"IN=\S{0,16} OUT=\S{0,16} ")
 
 
 def message_body(line: str) -> str:
@@ -220,7 +250,7 @@ def parse_kernel_message(
     cannot be read.
     """
     body = text if record else message_body(text)
-    if not body.startswith(_MARKERS):
+    if not body.startswith(_MARKERS) or _NETFILTER_LOG.search(body):
         return None
     match = _XID.match(body)
     if match is not None:
@@ -230,7 +260,7 @@ def parse_kernel_message(
         raise MalformedLine(f"unreadable XID line: {_clean(body, 80)!r}")
     match = _FALLEN.match(body)
     if match is not None:
-        address = normalize_pci_address(match.group("addr"))
+        address = normalize_pci_address(match.group("addr") or match.group("addr2"))
         return KernelEvent(address, Health.UNHEALTHY, xid_message(79, True), xid=79)
     match = _AMD_RESET.match(body)
     if match is not None:
@@ -461,6 +491,10 @@ class _FileFollower:
             self._open(first=True)
 
     def _lines(self, data: bytes, out: list[bytes]) -> None:
+        if b"\0" in data:
+            # a text log holds no NUL: these are the hole a writer that kept its offset
+            # left after a truncation in place (copytruncate); the line after it counts
+            data = data.replace(b"\0", b"")
         start = 0
         while True:
             end = data.find(b"\n", start)
@@ -719,6 +753,10 @@ class KmsgSource:
             return
         is_record = record.facility is not None
         text = record.text if is_record else message_body(record.text)
+        if text.startswith(_MARKERS) and _NETFILTER_LOG.search(text):
+            counters.foreign += 1  # netfilter's LOG target: its prefix is a user's text
+            self._dropped("foreign", "a netfilter LOG record", now)
+            return
         text = self._join_fallen(text)
         try:
             event = parse_kernel_message(text, self.informational, self.fatal, record=True)

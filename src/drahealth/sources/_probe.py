@@ -13,7 +13,8 @@ process group, killed whole at the timeout, output kept up to a limit, every chi
 "health": "Unhealthy", "message": "...", "time": <unix seconds>}]}`` (``pool`` may be
 left out when the source has one pool). An entry older than ``max_age`` seconds (its
 ``time``, else the file's modification time) or as far in the future, an entry whose
-``time`` is no unix time (not finite, negative, past the year 9999), a device the file
+``time`` is no unix time (not finite, negative, past the year 9999, an integer of over
+40 digits), a device the file
 does not list, and every device of a missing, malformed or oversized file (or of a path
 that is not a regular file: it is opened non-blocking, never waited on), are Unknown
 with a message that says why.
@@ -27,7 +28,7 @@ import os
 import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from drahealth._child import ChildError, run_child
 from drahealth.core import DeviceReport, Health
@@ -42,6 +43,7 @@ __all__ = [
     "ProbeFileError",
     "probe_entry_age",
     "probe_file_entries",
+    "probe_file_index",
     "read_probe_file",
     "run_probe",
 ]
@@ -181,8 +183,7 @@ class FileProbe:
     @staticmethod
     def _entries(data: Any) -> tuple[dict[tuple[str, str], dict[str, Any]], str]:
         listed, problem = probe_file_entries(data, "device")
-        out = {(str(e.get("pool", "")), e["device"]): e for e in listed}
-        return out, problem
+        return probe_file_index(listed, lambda e: (str(e.get("pool", "")), e["device"])), problem
 
 
 class ProbeFileError(Exception):
@@ -221,7 +222,7 @@ def read_probe_file(path: str) -> tuple[Any, float]:
     if len(raw) > MAX_PROBE_FILE_BYTES:
         raise ProbeFileError(f"probe file {path} is larger than {MAX_PROBE_FILE_BYTES} bytes")
     try:
-        return json.loads(raw.decode("utf-8")), mtime
+        return json.loads(raw.decode("utf-8"), parse_int=_json_int), mtime
     except UnicodeDecodeError as exc:
         raise ProbeFileError(f"probe file {path} is not UTF-8: {exc.reason}") from None
     except json.JSONDecodeError as exc:
@@ -230,6 +231,17 @@ def read_probe_file(path: str) -> tuple[Any, float]:
         ) from None
     except RecursionError:
         raise ProbeFileError(f"probe file {path} is nested too deeply") from None
+    except ValueError as exc:  # a number Python refuses to convert
+        raise ProbeFileError(f"probe file {path} is not JSON: {str(exc)[:80]}") from None
+
+
+def _json_int(text: str) -> int | float:
+    """An integer of a probe file; one of over 40 digits (no field takes one, and past
+    4,300 Python refuses to convert it) reads as infinite, which no field accepts, so
+    only its entry is refused."""
+    if len(text) > 40:
+        return -math.inf if text.startswith("-") else math.inf
+    return int(text)
 
 
 def probe_entry_age(
@@ -244,6 +256,26 @@ def probe_entry_age(
     if -age > max_age:
         return f"{path}: time is {-age:.0f} s in the future"
     return ""
+
+
+_K = TypeVar("_K")
+
+
+def probe_file_index(
+    entries: list[dict[str, Any]], key: Callable[[dict[str, Any]], _K]
+) -> dict[_K, dict[str, Any]]:
+    """The entries by ``key``; a device listed twice with different health (two
+    spellings of one UUID, a tool's bug) reads Unknown with the reason, so a later
+    Healthy entry never hides an Unhealthy one."""
+    out: dict[_K, dict[str, Any]] = {}
+    for entry in entries:
+        k = key(entry)
+        first = out.get(k)
+        if first is None:
+            out[k] = entry
+        elif first.get("health") != entry.get("health"):
+            out[k] = {"health": "Unknown", "message": "listed twice, with different health"}
+    return out
 
 
 def probe_file_entries(data: Any, field: str) -> tuple[list[dict[str, Any]], str]:
