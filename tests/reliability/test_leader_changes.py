@@ -16,8 +16,8 @@ out (SIGKILL, SIGTERM, or SIGSTOP and later SIGCONT) at the worst moment:
   rule created for the recovered device, any rule or history row written by the paused
   process once the new leader took over, or a history row that disappears.
 
-Counts and the time per round are printed. One round of the leader kill and of the pause runs in the default
-suite; ``@pytest.mark.slow`` runs 20 each.
+Counts and the time per round are printed. One round of the leader kill and one of the
+pause run in the default suite; ``@pytest.mark.slow`` runs 20 each.
 """
 
 from __future__ import annotations

@@ -19,17 +19,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from drahealth.core._breaker import MAX_CLOCK_SKEW
 from drahealth.core._escalation import Escalation, EscalationTracker, NeedsHuman, duration_text
 from drahealth.core._health import DeviceKey
 from drahealth.core._policy import DeviceFacts, Policy, Rule
 from drahealth.core._repair import (
     ENV_NAME_UNSAFE,
-    SAFE_VALUE,
+    MAX_BACKOFF,
     Repair,
+    command_value_problem,
 )
 
 #: Notices waiting to be reported (the controller takes them every pass).
 MAX_NOTICES: Final = 10_000
+#: Timeout of a repair whose rule the policy no longer has (the largest one allowed).
+FALLBACK_TIMEOUT: Final = 3600.0
 Phase = Literal["waiting-drain", "running", "succeeded", "failed"]
 PHASES: Final = ("waiting-drain", "running", "succeeded", "failed")
 
@@ -216,17 +220,32 @@ class Aftercare:
         self.changed = self.escalation.changed = False
         return {"needsHuman": needs, "episodes": counted, "repairs": repairs}
 
-    def restore(self, state: Mapping[str, Any], clock: Callable[[Any], float | None]) -> list[str]:
+    def restore(
+        self,
+        state: Mapping[str, Any],
+        clock: Callable[[Any], float | None],
+        now: float | None = None,
+    ) -> list[str]:
         """Load :meth:`export`'s keys; a repair that was running is run again (its attempt
         is not counted twice), an ``exec`` or ``webhook`` one not before the ``deadline``
         recorded for it, since the last leader's command may still run. Returns one line
-        per entry left out."""
+        per entry left out.
+
+        With ``now`` (the caller's clock), no restored time is trusted past what a
+        controller could have written: an escalation time more than
+        :data:`MAX_CLOCK_SKEW` ahead is unreadable, a repair's (which is kept: its
+        command may run) and a nearer one count as now; a backoff ends at most
+        :data:`~drahealth.core._repair.MAX_BACKOFF` after its failure and a running attempt's
+        deadline at most its rule's timeout and kill grace after it started, so a state
+        edited to say "year 9999" never stops a device's repair for good."""
         needs, counted = state.get("needsHuman") or {}, state.get("episodes") or {}
         problems = self.escalation.restore(
             needs if isinstance(needs, Mapping) else {},
             counted if isinstance(counted, Mapping) else {},
-            clock,
+            clock if now is None else _bounded(clock, now),
         )
+        if now is not None:  # a repair is kept: its command may run, whatever its times say
+            clock = _bounded(clock, now, keep=True)
         repairs = state.get("repairs") or {}
         for name, value in (repairs if isinstance(repairs, Mapping) else {}).items():
             try:
@@ -235,6 +254,8 @@ class Aftercare:
                 since, not_before = clock(value.get("since")), clock(value.get("notBefore"))
                 if phase not in PHASES or since is None:
                     raise ValueError(phase)
+                if not_before is not None:  # a backoff is at most MAX_BACKOFF long
+                    not_before = min(not_before, since + MAX_BACKOFF)
                 st = RepairState(
                     str(value["rule"]), str(value.get("kind", "")), str(value.get("node", "")),
                     phase, int(value.get("attempt", 0)), int(value.get("round", 1)), since,
@@ -248,11 +269,11 @@ class Aftercare:
                 st.phase, st.attempt = "waiting-drain", max(0, st.attempt - 1)
                 st.detail = "run again: the controller restarted while it ran"
                 if st.kind != "job":  # a Job is adopted; a command may still run: wait it out
+                    rule = self.policy.rule_named(st.rule)
+                    timeout = rule.repair.timeout if rule and rule.repair else FALLBACK_TIMEOUT
+                    latest = Repair(timeout=timeout).attempt_deadline(since)
                     deadline = clock(value.get("deadline"))
-                    if deadline is None:
-                        rule = self.policy.rule_named(st.rule)
-                        timeout = rule.repair.timeout if rule and rule.repair else 3600.0
-                        deadline = Repair(timeout=timeout).attempt_deadline(since)
+                    deadline = latest if deadline is None else min(deadline, latest)
                     st.not_before = max(st.not_before, deadline)
                     st.detail += "; not before the last attempt's deadline"
             self.repairs[key] = st
@@ -316,6 +337,21 @@ class Aftercare:
         )  # fmt: skip
 
 
+def _bounded(
+    clock: Callable[[Any], float | None], now: float, *, keep: bool = False
+) -> Callable[[Any], float | None]:
+    """``clock`` that refuses times past ``now`` + :data:`MAX_CLOCK_SKEW` (``keep``:
+    takes them as ``now``) and takes a nearer future time as ``now``."""
+
+    def bounded(value: Any) -> float | None:
+        t = clock(value)
+        if t is None or t != t or (t > now + MAX_CLOCK_SKEW and not keep):
+            return None
+        return min(t, now)
+
+    return bounded
+
+
 def _env_name(attribute: str) -> str:
     return "ATTR_" + ENV_NAME_UNSAFE.sub("_", attribute.rpartition("/")[2])
 
@@ -334,7 +370,7 @@ def repair_env(facts: DeviceFacts, rule: str) -> dict[str, str]:
     for name, value in sorted(facts.attributes.items()):
         text = str(value).lower() if isinstance(value, bool) else str(value)
         values.setdefault(_env_name(name), text)
-    return {f"DRAHEALTH_{k}": v for k, v in values.items() if SAFE_VALUE.match(v)}
+    return {f"DRAHEALTH_{k}": v for k, v in values.items() if not command_value_problem(v)}
 
 
 def explain_aftercare(policy: Policy, rule: Rule) -> dict[str, Any]:

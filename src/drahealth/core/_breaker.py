@@ -37,6 +37,7 @@ controller's taint.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -64,6 +65,10 @@ MAX_HELD_LISTED: Final = 300
 MAX_REASON: Final = 160
 #: Admissions kept in the state value (the newest), for the window after a restart.
 MAX_ADMITTED_KEPT: Final = 1500
+#: Seconds a remembered time may lie ahead of this controller's clock (the last leader's
+#: wall clock, or the API server's, may run a little ahead): such a time counts as now;
+#: a time further ahead was not written by a controller and is left out.
+MAX_CLOCK_SKEW: Final = 300.0
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -279,11 +284,9 @@ class CircuitBreaker:
         if not self.enabled:
             return
         latest: dict[DeviceKey, float] = {}
-        for key, at in written:
-            if not isinstance(at, int | float) or isinstance(at, bool) or at != at:
-                continue
-            at = min(float(at), now)
-            if now - at < self._horizon and at > latest.get(key, float("-inf")):
+        for key, raw in written:
+            at = self._window_time(raw, now)
+            if at is not None and at > latest.get(key, float("-inf")):
                 latest[key] = at
         for key, at in sorted(latest.items(), key=lambda kv: kv[1]):
             known = self._admitted.get(key)
@@ -537,18 +540,33 @@ class CircuitBreaker:
         for item in rows:
             if not (isinstance(item, list) and len(item) == 2):
                 continue
-            text, at = item
-            if not isinstance(at, int | float) or isinstance(at, bool) or now - at >= self._horizon:
+            text, raw = item
+            at = self._window_time(raw, now)
+            if at is None:
                 continue
             try:
                 key = DeviceKey.parse(str(text))
             except ValueError:
                 continue
-            self._admit(key, float(at), self._restored_groups(key))
+            self._admit(key, at, self._restored_groups(key))
         last = value.get("lastResume")
         if isinstance(last, Mapping) and isinstance(last.get("at"), str):
             self.last_resume = {"at": last["at"], "by": str(last.get("by", ""))}
         self._bump()
+
+    def _window_time(self, at: object, now: float) -> float | None:
+        """A remembered taint's unix time as the window counts it, or None when it is
+        outside the window or no time a controller wrote: not a finite number, or more
+        than :data:`MAX_CLOCK_SKEW` ahead of ``now`` (a nearer future time counts as
+        ``now``). So an edited "year 9999" never holds the window for good, and a time
+        in the future never makes every new leader count it again."""
+        if not isinstance(at, int | float) or isinstance(at, bool):
+            return None
+        t = float(at)
+        if not math.isfinite(t) or t > now + MAX_CLOCK_SKEW:
+            return None
+        t = min(t, now)
+        return t if now - t < self._horizon else None
 
     def _restored_groups(self, key: DeviceKey) -> tuple[BreakerGroup, ...]:
         known = self._groups.get(key)

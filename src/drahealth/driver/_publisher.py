@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Literal, get_args
+from typing import Literal, get_args
 
 import msgspec
 from lightkube import AsyncClient
@@ -50,7 +50,7 @@ from drahealth.driver._slices import (
     strip_taints,
     without_devices,
 )
-from drahealth.kube import Backoff, Reflector, is_not_found, rv_newer
+from drahealth.kube import Backoff, Reflector, delete_with_preconditions, is_not_found, rv_newer
 
 __all__ = [
     "DEFAULT_MUTATION_CACHE_TTL",
@@ -693,17 +693,10 @@ class ResourceSlicePublisher:
             self._stored(plan.pool, index, obj, actual)
 
     async def _delete(self, obj: ResourceSlice) -> None:
-        """DELETE with UID and resourceVersion preconditions (lightkube's ``delete``
-        cannot send a body, so the request is built with its request builder)."""
-        gc: Any = self.client._client
-        br = gc.prepare_request("delete", res=ResourceSlice, name=_name(obj))
-        br.data = {
-            "apiVersion": "v1",
-            "kind": "DeleteOptions",
-            "preconditions": {"uid": _uid(obj), "resourceVersion": _rv(obj)},
-        }
-        resp = await gc.send(gc.build_adapter_request(br))
-        gc.handle_response("delete", resp, br)
+        """DELETE with UID and resourceVersion preconditions (the slice as read)."""
+        await delete_with_preconditions(
+            self.client, ResourceSlice, _name(obj), uid=_uid(obj), resource_version=_rv(obj)
+        )
 
     def _stored(self, pool: str, index: int, sent: ResourceSlice, actual: ResourceSlice) -> None:
         """Remember a write until the watch shows it; detect dropped fields."""

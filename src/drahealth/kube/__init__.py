@@ -20,6 +20,7 @@ from ._client import (
     make_client,
     make_sync_client,
     merge_kubeconfigs,
+    read_bounded,
 )
 from ._discovery import (
     DRA_GROUP,
@@ -31,11 +32,13 @@ from ._discovery import (
     resource_class,
     to_internal,
 )
-from ._events import make_event
+from ._events import AGENT_COMPONENT, CONTROLLER_COMPONENT, make_event
 from ._leader import FencedClient, LeaderElector, LeaseLost
 from ._ops import (
     apply,
     apply_status,
+    check_fence,
+    delete_with_preconditions,
     is_already_exists,
     is_conflict,
     is_gone,
@@ -43,6 +46,7 @@ from ._ops import (
     patch_status,
     retry_on_conflict,
     status_code,
+    update_configmap_data,
     write_configmap_data,
 )
 from ._reflector import (
@@ -60,6 +64,8 @@ from ._reflector import (
 )
 
 __all__ = [
+    "AGENT_COMPONENT",
+    "CONTROLLER_COMPONENT",
     "DEFAULT_KUBECONFIG",
     "DEFAULT_TIMEOUT",
     "DRA_GROUP",
@@ -80,6 +86,8 @@ __all__ = [
     "apply",
     "apply_status",
     "as_dict",
+    "check_fence",
+    "delete_with_preconditions",
     "discover",
     "discover_sync",
     "embedded_kubeconfig",
@@ -95,11 +103,13 @@ __all__ = [
     "object_key",
     "parse_discovery",
     "patch_status",
+    "read_bounded",
     "resource_class",
     "resource_version",
     "retry_on_conflict",
     "rv_newer",
     "status_code",
     "to_internal",
+    "update_configmap_data",
     "write_configmap_data",
 ]

@@ -12,6 +12,7 @@ it never opens a connection itself; lightkube/httpx2 connect lazily on first req
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Mapping
@@ -25,6 +26,7 @@ from lightkube import AsyncClient, Client, ConfigError, KubeConfig, SingleConfig
 from lightkube.config.models import Cluster, Context, User
 
 from drahealth._yaml import YAMLLimits, load_bounded
+from drahealth.kube._credentials import ExecSource, RefreshingBearerAuth, TokenFileSource
 from drahealth.kube._exec_credential import ExecCredentialError, exec_credential
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "make_client",
     "make_sync_client",
     "merge_kubeconfigs",
+    "read_bounded",
 ]
 
 #: Default per-request timeout in seconds (connect/read/write/pool). Watches have no
@@ -112,9 +115,12 @@ def _check_section(where: str, doc: Mapping[str, Any], section: str, key: str) -
             )
 
 
-def _single_from_doc(
-    doc: Any, where: str, *, context: str | None, fname: Path | None
-) -> SingleConfig:
+#: A resolved configuration and the auth that keeps its credentials fresh (None: the
+#: user's static token, certificate or nothing, as lightkube sets them up).
+_Loaded = tuple[SingleConfig, RefreshingBearerAuth | None]
+
+
+def _single_from_doc(doc: Any, where: str, *, context: str | None, fname: Path | None) -> _Loaded:
     """Validate a parsed kubeconfig document and select one context from it."""
     if not isinstance(doc, Mapping):
         kind = "an empty document" if doc is None else type(doc).__name__
@@ -168,13 +174,14 @@ def _single_from_doc(
         user, user_doc = User(), {}
     base = fname.parent if fname is not None else None
     try:
-        user = _resolve_user(user, user_doc, base, where)
+        user, auth = _resolve_user(user, user_doc, base, where)
         if cluster.certificate_auth:
             _check_file(_under(base, cluster.certificate_auth), MAX_CERT_BYTES,
                         "certificate-authority")  # fmt: skip
     except ValueError as exc:
         raise KubeConfigError(f"{where}: {exc}") from None
-    return SingleConfig(context_name=chosen, context=ctx, cluster=cluster, user=user, fname=fname)
+    single = SingleConfig(context_name=chosen, context=ctx, cluster=cluster, user=user, fname=fname)
+    return single, auth
 
 
 def _under(base: Path | None, name: str) -> Path:
@@ -182,22 +189,37 @@ def _under(base: Path | None, name: str) -> Path:
     return path if path.is_absolute() or base is None else base / path
 
 
-def _resolve_user(user: User, user_doc: Mapping[str, Any], base: Path | None, where: str) -> User:
-    """``user`` with its credentials read, bounded, now: a token file's token, an exec
-    plugin's token or certificate (lightkube then reads no file and runs nothing itself);
-    certificate and key files checked to be regular files of a bounded size."""
+def read_token_file(path: Path) -> str:
+    """The token in the file ``path``, read bounded (a regular file of at most
+    :data:`MAX_TOKEN_BYTES`); ValueError naming the file for anything wrong."""
+    try:
+        return read_bounded(path, MAX_TOKEN_BYTES, "tokenFile").decode("utf-8").strip()
+    except FileNotFoundError:
+        raise ValueError(f"tokenFile {path} not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"tokenFile {path}: cannot read: {exc}") from None
+
+
+def _resolve_user(
+    user: User, user_doc: Mapping[str, Any], base: Path | None, where: str
+) -> tuple[User, RefreshingBearerAuth | None]:
+    """``user`` with its credentials checked now, and the auth that keeps them fresh.
+
+    A token file is read (bounded) and an exec plugin run once, so a broken one is an
+    error at load; the user carries that first token (lightkube then reads no file and
+    runs nothing itself), and the auth returned reads the file again or runs the plugin
+    again as the token ages or is refused. A client certificate a plugin answers is
+    resolved here, once (httpx cannot swap it per request). Certificate and key files
+    are checked to be regular files of a bounded size."""
     for what, name in (("client-certificate", user.client_cert), ("client-key", user.client_key)):
         if name:
             _check_file(_under(base, name), MAX_CERT_BYTES, what)
+    auth: RefreshingBearerAuth | None = None
     if user.token_file and not user.token:
         path = _under(base, user.token_file)
-        try:
-            token = read_bounded(path, MAX_TOKEN_BYTES, "tokenFile").decode("utf-8").strip()
-        except FileNotFoundError:
-            raise ValueError(f"tokenFile {path} not found") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"tokenFile {path}: cannot read: {exc}") from None
+        token = read_token_file(path)
         user = msgspec.structs.replace(user, token=token, token_file=None)
+        auth = RefreshingBearerAuth(TokenFileSource(path, read_token_file, token))
     elif user.token_file:
         user = msgspec.structs.replace(user, token_file=None)  # kubectl: token wins
     spec = user_doc.get("exec")
@@ -211,9 +233,11 @@ def _resolve_user(user: User, user_doc: Mapping[str, Any], base: Path | None, wh
             client_cert_data=cred.client_certificate_data or user.client_cert_data,
             client_key_data=cred.client_key_data or user.client_key_data,
         )  # fmt: skip
+        if cred.token:
+            auth = RefreshingBearerAuth(ExecSource(dict(spec), where, base, cred))
     elif user.exec is not None:
         user = msgspec.structs.replace(user, exec=None)
-    return user
+    return user, auth
 
 
 #: Largest kubeconfig file read, in bytes.
@@ -229,9 +253,14 @@ MAX_CERT_BYTES = 1 << 20
 
 def read_bounded(path: Path, limit: int, what: str) -> bytes:
     """The bytes of the regular file ``path`` (at most ``limit``); OSError for a missing
-    file, :class:`KubeConfigError`-ready ValueError naming ``what`` for anything else."""
-    with open(path, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+    file (IsADirectoryError for a directory), ValueError naming ``what`` for anything
+    else. Opened without blocking, so a FIFO or a device is refused, not waited on."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with open(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        if not stat.S_ISREG(mode):
             raise ValueError(f"{what} {path} is not a regular file")
         data = f.read(limit + 1)
     if len(data) > limit:
@@ -271,7 +300,7 @@ def _read_doc(path: Path) -> Any:
         raise KubeConfigError(f"{where}: invalid YAML: {detail}") from exc
 
 
-def _load_file(path: Path, *, context: str | None) -> SingleConfig:
+def _load_file(path: Path, *, context: str | None) -> _Loaded:
     doc = _read_doc(path)
     return _single_from_doc(
         doc, f"kubeconfig {path}", context=context, fname=path.expanduser().absolute()
@@ -341,7 +370,7 @@ def merge_kubeconfigs(paths: list[Path]) -> dict[str, Any]:
     return merged
 
 
-def _load_service_account(sa_dir: Path, environ: Mapping[str, str]) -> SingleConfig:
+def _load_service_account(sa_dir: Path, environ: Mapping[str, str]) -> _Loaded:
     where = f"in-cluster service account {sa_dir}"
     host = environ.get("KUBERNETES_SERVICE_HOST")
     port = environ.get("KUBERNETES_SERVICE_PORT")
@@ -351,9 +380,9 @@ def _load_service_account(sa_dir: Path, environ: Mapping[str, str]) -> SingleCon
         )
     token_file = sa_dir / "token"
     try:
-        token = read_bounded(token_file, MAX_TOKEN_BYTES, "token").decode("utf-8").strip()
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise KubeConfigError(f"{where}: cannot read token: {exc}") from exc
+        token = read_token_file(token_file)
+    except ValueError as exc:
+        raise KubeConfigError(f"{where}: cannot read token: {exc}") from None
     ns_file = sa_dir / "namespace"
     namespace = ns_file.read_text(encoding="utf-8").strip() if ns_file.is_file() else None
     if ":" in host:  # IPv6 literal
@@ -364,12 +393,12 @@ def _load_service_account(sa_dir: Path, environ: Mapping[str, str]) -> SingleCon
             server=f"https://{host}:{port}",
             certificate_auth=str(ca) if ca.is_file() else None,
         ),
-        user=User(token=token, token_file=str(token_file)),
+        user=User(token=token),  # the projected token rotates: the auth reads it again
         namespace=namespace or None,
     )
     single = kc.get()
     assert single is not None
-    return single
+    return single, RefreshingBearerAuth(TokenFileSource(token_file, read_token_file, token))
 
 
 def load_config(
@@ -388,13 +417,31 @@ def load_config(
     :func:`merge_kubeconfigs`) → in-cluster
     service account (token file present and ``KUBERNETES_SERVICE_HOST`` set) →
     ``default_kubeconfig`` (``~/.kube/config``). An explicitly named source that is
-    broken is an error; it never silently falls through to the next one.
+    broken is an error; it never silently falls through to the next one. A token file
+    is read and an exec plugin run now (their first token is the user's); the clients
+    :func:`make_client` builds keep them fresh.
 
     ``environ``, ``service_account_dir`` and ``default_kubeconfig`` exist for tests.
 
     Raises:
         KubeConfigError: no source found, or the chosen source is malformed.
     """
+    return _load(
+        kubeconfig, server_url=server_url, context=context, environ=environ,
+        service_account_dir=service_account_dir, default_kubeconfig=default_kubeconfig,
+    )[0]  # fmt: skip
+
+
+def _load(
+    kubeconfig: str | os.PathLike[str] | None = None,
+    *,
+    server_url: str | None = None,
+    context: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    service_account_dir: Path = SERVICE_ACCOUNT_DIR,
+    default_kubeconfig: Path = DEFAULT_KUBECONFIG,
+) -> _Loaded:
+    """:func:`load_config`, with the auth that keeps its credentials fresh."""
     env = os.environ if environ is None else environ
     if server_url is not None:
         if not server_url.startswith(("http://", "https://")):
@@ -432,6 +479,15 @@ def load_config(
     )
 
 
+def _httpx_client(client: AsyncClient | Client) -> httpx2.AsyncClient | httpx2.Client:
+    """The httpx client a lightkube client sends through (lightkube 1.0: ``_client`` is
+    its generic client, whose ``_client`` is the httpx one; a test pins the path)."""
+    inner = getattr(getattr(client, "_client", None), "_client", None)
+    if not isinstance(inner, httpx2.AsyncClient | httpx2.Client):
+        raise TypeError("lightkube no longer keeps its httpx client at ._client._client")
+    return inner
+
+
 def _timeout(timeout: float | httpx2.Timeout) -> httpx2.Timeout:
     return timeout if isinstance(timeout, httpx2.Timeout) else httpx2.Timeout(timeout)
 
@@ -452,14 +508,17 @@ def make_client(
     required for server-side apply). Proxy environment variables are ignored for an
     explicit ``server_url`` (the embedded server is on loopback).
     """
-    config = load_config(kubeconfig, server_url=server_url, context=context)
-    return AsyncClient(
+    config, auth = _load(kubeconfig, server_url=server_url, context=context)
+    client = AsyncClient(
         config,
         namespace=namespace,
         timeout=_timeout(timeout),
         field_manager=field_manager,
         trust_env=server_url is None,
     )
+    if auth is not None:
+        _httpx_client(client).auth = auth
+    return client
 
 
 def make_sync_client(
@@ -472,11 +531,14 @@ def make_sync_client(
     timeout: float | httpx2.Timeout = DEFAULT_TIMEOUT,
 ) -> Client:
     """Blocking twin of :func:`make_client` (for the CLI); same resolution rules."""
-    config = load_config(kubeconfig, server_url=server_url, context=context)
-    return Client(
+    config, auth = _load(kubeconfig, server_url=server_url, context=context)
+    client = Client(
         config,
         namespace=namespace,
         timeout=_timeout(timeout),
         field_manager=field_manager,
         trust_env=server_url is None,
     )
+    if auth is not None:
+        _httpx_client(client).auth = auth
+    return client

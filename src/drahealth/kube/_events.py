@@ -12,12 +12,18 @@ it, folding repeats and logging failures stay with the caller.
 from __future__ import annotations
 
 import datetime as dt
+from typing import Final
 
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event
 
-__all__ = ["EVENT_MESSAGE_MAX", "make_event"]
+__all__ = ["AGENT_COMPONENT", "CONTROLLER_COMPONENT", "EVENT_MESSAGE_MAX", "make_event"]
+
+#: ``source.component``/``reportingComponent`` of the remediation controller's Events.
+CONTROLLER_COMPONENT: Final = "drahealth-controller"
+#: ... and of a node agent's.
+AGENT_COMPONENT: Final = "drahealth-agent"
 
 #: Longest Event message, in characters (the kubelet's recorder cuts at 1024).
 EVENT_MESSAGE_MAX = 1024

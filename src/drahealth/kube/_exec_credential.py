@@ -9,24 +9,21 @@ kubeconfig's directory, ``KUBERNETES_EXEC_INFO`` tells the plugin whether it may
 interact, and ``interactiveMode`` decides stdin (``Never``: none; ``IfAvailable``: the
 terminal, if there is one; ``Always``: refused without a terminal).
 
-Bounds: the plugin runs in its own session (process group) with a deadline of
-:data:`EXEC_TIMEOUT` seconds, its output is read up to :data:`MAX_OUTPUT` bytes and its
-stderr up to :data:`MAX_STDERR` (the rest is dropped); past the deadline or the output
-bound the whole group is killed and the error says which. A credential is reused until
-shortly before it expires (for the life of the process when it names no expiry).
+Bounds: the plugin runs as every drahealth child does (:func:`drahealth._child.run_child`:
+its own process group, killed whole at the deadline of :data:`EXEC_TIMEOUT` seconds),
+its output is kept up to :data:`MAX_OUTPUT` bytes (more is an error) and its stderr
+quoted up to :data:`MAX_STDERR`. A credential is reused until :data:`EARLY_REFRESH`
+seconds before it expires (for the life of the process when it names no expiry), unless
+the caller asks for a fresh one (after a 401: see :mod:`drahealth.kube._credentials`).
 Every failure is an :class:`ExecCredentialError` naming the plugin and why (the
 kubeconfig loader reports it as a ``KubeConfigError``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import os
-import selectors
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Mapping
@@ -34,7 +31,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EXEC_TIMEOUT", "MAX_OUTPUT", "ExecCredential", "ExecCredentialError", "exec_credential"]
+from drahealth._child import ChildError, run_child
+
+__all__ = [
+    "EARLY_REFRESH",
+    "EXEC_TIMEOUT",
+    "MAX_OUTPUT",
+    "ExecCredential",
+    "ExecCredentialError",
+    "exec_credential",
+]
 
 #: Seconds a plugin may run.
 EXEC_TIMEOUT = 60.0
@@ -44,8 +50,8 @@ MAX_OUTPUT = 1 << 20
 MAX_STDERR = 4096
 #: API versions of ExecCredential understood.
 VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1")
-#: A cached credential is run again this many seconds before it expires.
-_EARLY = 30.0
+#: A cached credential is replaced (the plugin run again) this many seconds before it expires.
+EARLY_REFRESH = 30.0
 
 
 class ExecCredentialError(ValueError):
@@ -62,65 +68,29 @@ class ExecCredential:
     expires: float | None
 
 
+#: Credentials by plugin invocation, most recently stored last (at most _CACHE_SIZE).
 _cache: dict[str, ExecCredential] = {}
+_CACHE_SIZE = 64
 
 
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
-def _run(
-    argv: list[str], env: Mapping[str, str], stdin: Any, where: str
-) -> tuple[int, bytes, bytes]:
-    """Run ``argv`` bounded in time and output; (exit code, stdout, stderr)."""
+def _run(argv: list[str], env: Mapping[str, str], interactive: bool, where: str) -> bytes:
+    """The plugin's standard output, run bounded by :func:`drahealth._child.run_child`."""
     try:
-        proc = subprocess.Popen(
-            argv, env=dict(env), stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True, close_fds=True,
-        )  # fmt: skip
-    except OSError as exc:
-        raise ExecCredentialError(f"{where}: cannot run {argv[0]}: {exc.strerror or exc}") from None
-    assert proc.stdout is not None and proc.stderr is not None
-    out, err = bytearray(), bytearray()
-    deadline = time.monotonic() + EXEC_TIMEOUT
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ, out)
-        sel.register(proc.stderr, selectors.EVENT_READ, err)
-        try:
-            while sel.get_map():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    _kill(proc)
-                    raise ExecCredentialError(
-                        f"{where}: {argv[0]} did not answer within {EXEC_TIMEOUT:g}s"
-                    )
-                for key, _ in sel.select(min(left, 1.0)):
-                    chunk = os.read(key.fd, 65536)
-                    if not chunk:
-                        sel.unregister(key.fileobj)
-                        continue
-                    buf: bytearray = key.data
-                    buf += chunk
-                    if buf is out and len(out) > MAX_OUTPUT:
-                        _kill(proc)
-                        raise ExecCredentialError(
-                            f"{where}: {argv[0]} printed more than {MAX_OUTPUT} bytes"
-                        )
-                    if buf is err and len(err) > MAX_STDERR:
-                        del err[MAX_STDERR:]
-        finally:
-            proc.stdout.close()
-            proc.stderr.close()
-    try:
-        code = proc.wait(max(0.1, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        _kill(proc)
-        raise ExecCredentialError(
-            f"{where}: {argv[0]} did not exit within {EXEC_TIMEOUT:g}s"
-        ) from None
-    return code, bytes(out), bytes(err)
+        result = run_child(argv, env, EXEC_TIMEOUT, max_output=MAX_OUTPUT,
+                           stdin_inherit=interactive)  # fmt: skip
+    except ChildError as exc:
+        raise ExecCredentialError(f"{where}: {argv[0]}: {exc}") from None
+    if result.timed_out:
+        raise ExecCredentialError(f"{where}: {argv[0]} did not answer within {EXEC_TIMEOUT:g}s")
+    if result.stdout.truncated:
+        raise ExecCredentialError(f"{where}: {argv[0]} printed more than {MAX_OUTPUT} bytes")
+    if result.returncode != 0:
+        said = result.stderr.head[:MAX_STDERR].decode("utf-8", "replace")
+        said = " ".join(said.split())
+        code = result.returncode
+        ended = f"exited with {code}" if code > 0 else f"was killed by signal {-code}"
+        raise ExecCredentialError(f"{where}: {argv[0]} {ended}" + (f": {said}" if said else ""))
+    return result.stdout.head
 
 
 def _expiry(value: Any, where: str) -> float | None:
@@ -171,9 +141,13 @@ def _parse(output: bytes, api_version: str, where: str) -> ExecCredential:
                           _expiry(status.get("expirationTimestamp"), where))  # fmt: skip
 
 
-def exec_credential(spec: Mapping[str, Any], where: str, base: Path | None) -> ExecCredential:
-    """Run the exec plugin ``spec`` (a kubeconfig ``user.exec``); ``base`` is the
-    kubeconfig's directory. Raises :class:`ExecCredentialError` naming what went wrong."""
+def exec_credential(
+    spec: Mapping[str, Any], where: str, base: Path | None, *, fresh: bool = False
+) -> ExecCredential:
+    """The credential of the exec plugin ``spec`` (a kubeconfig ``user.exec``); ``base`` is
+    the kubeconfig's directory. A cached one is reused until :data:`EARLY_REFRESH` seconds
+    before it expires unless ``fresh`` (the server refused it). Raises
+    :class:`ExecCredentialError` naming what went wrong."""
     where = f"{where}: exec plugin"
     api_version, command = spec.get("apiVersion"), spec.get("command")
     if api_version not in VERSIONS:
@@ -213,7 +187,10 @@ def exec_credential(spec: Mapping[str, Any], where: str, base: Path | None) -> E
     argv = [command, *args]
     key = json.dumps([argv, env_list, api_version, interactive])
     cached = _cache.get(key)
-    if cached is not None and (cached.expires is None or cached.expires - _EARLY > time.time()):
+    fresh_enough = cached is not None and (
+        cached.expires is None or cached.expires - EARLY_REFRESH > time.time()
+    )
+    if cached is not None and fresh_enough and not fresh:
         return cached
     env = dict(os.environ)
     env.update((e["name"], e["value"]) for e in env_list)
@@ -224,16 +201,15 @@ def exec_credential(spec: Mapping[str, Any], where: str, base: Path | None) -> E
     }
     env["KUBERNETES_EXEC_INFO"] = json.dumps(info)
     try:
-        code, out, err = _run(argv, env, None if interactive else subprocess.DEVNULL, where)
-    except ValueError as exc:  # e.g. a NUL in an argument or the environment
-        raise ExecCredentialError(f"{where}: cannot run {command}: {exc}") from None
-    if code != 0:
-        said = err.decode("utf-8", "replace").strip().replace("\n", " ")[:MAX_STDERR]
+        out = _run(argv, env, interactive, where)
+    except ExecCredentialError as exc:
         hint = spec.get("installHint")
-        raise ExecCredentialError(
-            f"{where}: {command} exited with {code}" + (f": {said}" if said else "")
-            + (f" ({str(hint).strip()[:200]})" if hint and code == 127 else "")
-        )  # fmt: skip
+        if hint and ("exited with 127" in str(exc) or "could not run" in str(exc)):
+            raise ExecCredentialError(f"{exc} ({' '.join(str(hint).split())[:200]})") from None
+        raise
     credential = _parse(out, api_version, where)
+    _cache.pop(key, None)
     _cache[key] = credential
+    while len(_cache) > _CACHE_SIZE:
+        del _cache[next(iter(_cache))]
     return credential

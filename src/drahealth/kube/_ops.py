@@ -27,6 +27,8 @@ from lightkube.types import PatchType
 __all__ = [
     "apply",
     "apply_status",
+    "check_fence",
+    "delete_with_preconditions",
     "is_already_exists",
     "is_conflict",
     "is_gone",
@@ -34,6 +36,7 @@ __all__ = [
     "patch_status",
     "retry_on_conflict",
     "status_code",
+    "update_configmap_data",
     "write_configmap_data",
 ]
 
@@ -257,3 +260,82 @@ async def write_configmap_data(
             raise
         meta = ObjectMeta(name=name, namespace=namespace, labels=dict(labels or {}))
         await client.create(ConfigMap(metadata=meta, data=dict(data)))
+
+
+def check_fence(client: Any) -> None:
+    """Ask a client that fences its writes (``check()``, as a leader's client has) whether
+    it may write now; it raises when it may not. A plain client is not asked."""
+    check = getattr(client, "check", None)
+    if callable(check):
+        check()
+
+
+async def delete_with_preconditions(
+    client: AsyncClient,
+    resource_type: type[Any],
+    name: str,
+    *,
+    uid: str | None,
+    resource_version: str | None,
+    namespace: str | None = None,
+) -> None:
+    """DELETE ``name`` only if it is still the object read: ``DeleteOptions`` with
+    ``preconditions`` ``{uid, resourceVersion}`` (lightkube's ``delete`` sends no body, so
+    the request is built with its request builder). A changed or re-created object
+    answers 409 Conflict; the caller reads it again and decides again. Both
+    preconditions are required: an object without them is never deleted blind.
+    A client that fences its writes is asked first, as its own writes do."""
+    if not uid or not resource_version:
+        raise ValueError(f"deleting {name}: the object read has no uid or resourceVersion")
+    check_fence(client)
+    gc: Any = client._client
+    br = gc.prepare_request("delete", res=resource_type, name=name, namespace=namespace)
+    br.data = {
+        "apiVersion": "v1",
+        "kind": "DeleteOptions",
+        "preconditions": {"uid": uid, "resourceVersion": resource_version},
+    }
+    resp = await gc.send(gc.build_adapter_request(br))
+    gc.handle_response("delete", resp, br)
+
+
+async def update_configmap_data(
+    client: AsyncClient,
+    name: str,
+    namespace: str,
+    update: Callable[[Mapping[str, str]], Mapping[str, str]],
+    labels: Mapping[str, str] | None = None,
+    *,
+    attempts: int = 8,
+) -> dict[str, str]:
+    """Conditional read-modify-write of a ConfigMap's ``data``: read it, set ``data`` to
+    ``update(data as read)`` and write it back with the resourceVersion read (a create,
+    with ``labels``, when there is none). A 409 (written or created meanwhile) reads
+    again and calls ``update`` again, at most ``attempts`` times; the last conflict
+    propagates. Returns the data written."""
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import ConfigMap
+
+    for attempt in range(attempts):
+        try:
+            cm: Any = await client.get(ConfigMap, name, namespace=namespace)
+        except Exception as exc:
+            if not is_not_found(exc):
+                raise
+            cm = None
+        current = dict((cm.data if cm is not None else None) or {})
+        data = dict(update(current))
+        try:
+            if cm is None:
+                meta = ObjectMeta(name=name, namespace=namespace, labels=dict(labels or {}))
+                await client.create(ConfigMap(metadata=meta, data=data))
+            else:
+                cm.data = data  # metadata.resourceVersion: the one read
+                await client.replace(cm)
+        except Exception as exc:
+            if status_code(exc) != 409 or attempt == attempts - 1:
+                raise
+            await asyncio.sleep(0.01 * (2**attempt) * (0.5 + random.random() / 2))
+            continue
+        return data
+    raise AssertionError("unreachable")

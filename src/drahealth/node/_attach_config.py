@@ -40,13 +40,15 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final, Literal
 
 import msgspec
 import yaml
 
-from drahealth._yaml import StrictLoader
+from drahealth._yaml import YAMLLimits, load_bounded
 from drahealth.core import UNLISTED_CHOICES, KeySpec, driver_name_problem
+from drahealth.kube import read_bounded
 from drahealth.sources import AttachedSource
 
 __all__ = [
@@ -69,6 +71,10 @@ MAX_DRIVERS: Final = 16
 MAX_SOURCES: Final = 16
 #: Longest file read.
 MAX_FILE_BYTES: Final = 1024 * 1024
+#: Bounds on the YAML (an attach file is a few drivers of a few flat sources).
+ATTACH_YAML: Final = YAMLLimits(
+    max_chars=MAX_FILE_BYTES, max_depth=32, max_aliases=100, max_nodes=100_000
+)
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -335,7 +341,7 @@ def _driver(raw: object, source: str, where: str) -> DriverAttach:
 def parse_attach_config(text: str, source: str = "<attach>") -> AttachConfig:
     """Validate the YAML ``text``; errors name ``source`` and the field."""
     try:
-        raw = yaml.load(text, Loader=StrictLoader)  # a SafeLoader
+        raw = load_bounded(text, ATTACH_YAML)  # safe, duplicate keys refused, bounded
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -371,12 +377,11 @@ def parse_attach_config(text: str, source: str = "<attach>") -> AttachConfig:
 def load_attach_config(path: str) -> AttachConfig:
     """Read and validate the file at ``path``."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
+        data = read_bounded(Path(path), MAX_FILE_BYTES, "attach file")
     except OSError as exc:
-        raise AttachConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    if len(data) > MAX_FILE_BYTES:
-        raise AttachConfigError(f"{path}: larger than {MAX_FILE_BYTES} bytes")
+        raise AttachConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:  # not a regular file, or too big: the text names the file
+        raise AttachConfigError(str(exc)) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

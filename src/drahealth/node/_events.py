@@ -25,7 +25,7 @@ from lightkube.types import PatchType
 
 from drahealth._time import now_rfc3339
 from drahealth.core import ChangeReason, Health, HealthChange
-from drahealth.kube import make_event
+from drahealth.kube import AGENT_COMPONENT, make_event
 
 __all__ = [
     "REASON_DEVICE_HEALTHY",
@@ -46,7 +46,7 @@ REASON_DEVICE_UNHEALTHY = "DeviceUnhealthy"
 REASON_DEVICE_UNKNOWN = "DeviceHealthUnknown"
 REASON_DEVICE_HEALTHY = "DeviceHealthy"
 
-COMPONENT = "drahealth-agent"
+COMPONENT = AGENT_COMPONENT
 
 
 @dataclass(slots=True)

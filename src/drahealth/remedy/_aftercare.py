@@ -81,7 +81,7 @@ class AftercareGuard:
 
     def restore(self) -> None:
         """Resume from the state ConfigMap (after it was loaded)."""
-        problems = self.care.restore(self.c.state.values, self._from_wall)
+        problems = self.care.restore(self.c.state.values, self._from_wall, self.c._clock())
         for p in problems:
             log.warning("remediation state: %s", p)
         # a mark the state lost (an edit by hand) but the device's rule still says

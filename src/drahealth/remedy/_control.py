@@ -30,7 +30,7 @@ from lightkube import ApiError, AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap
 
-from drahealth.kube import write_configmap_data
+from drahealth.kube import update_configmap_data
 from drahealth.remedy._rules import CONTROLLER_LABEL, MANAGED_BY
 
 __all__ = [
@@ -149,22 +149,31 @@ class ControllerState:
         return dict(self.values)
 
     async def flush(self) -> None:
+        """Write the keys set since the last flush: a conditional read-modify-write (the
+        resourceVersion read is the update's precondition), so keys another writer set
+        meanwhile are kept; a 409 reads again and merges again, at most
+        :data:`MAX_CONFLICTS` times, then the keys wait for the next flush. A key counts
+        as :meth:`written` only once the API holds its value."""
         if not self._dirty:
             return
         data = {k: _encode(k, self.values[k]) for k in sorted(self._dirty) if k in self.values}
         try:
-            await write_configmap_data(
+            await update_configmap_data(
                 self.client,
                 STATE_CONFIGMAP,
                 self.namespace,
-                data,
+                lambda current: {**current, **data},
                 {MANAGED_BY: CONTROLLER_LABEL, COMPONENT_LABEL: STATE_COMPONENT},
+                attempts=MAX_CONFLICTS,
             )
         except ApiError as exc:
             log.warning("writing %s failed: %s", STATE_CONFIGMAP, exc.status.message)
             return
         self._written.update(data)
-        self._dirty.clear()
+        for key, text in data.items():  # a key set again while this was written stays dirty
+            if key in self.values and _encode(key, self.values[key]) == text:
+                self._dirty.discard(key)
+        self._dirty -= {k for k in self._dirty if k not in self.values}
 
 
 async def read_state(client: AsyncClient, namespace: str) -> dict[str, Any]:

@@ -50,14 +50,12 @@ import ctypes
 import gc
 import json
 import logging
-import os
 import time
 import uuid
 from collections import deque
 from collections.abc import Callable
 from typing import Any, cast
 
-import aiohttp
 from lightkube import ApiError, AsyncClient
 from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
@@ -86,12 +84,14 @@ from drahealth.core import (
     selector_scope,
 )
 from drahealth.kube import (
+    CONTROLLER_COMPONENT,
     Backoff,
     DiscoveryError,
     FencedClient,
     Reflector,
     ServedAPIs,
     as_dict,
+    delete_with_preconditions,
     discover,
     make_event,
     resource_class,
@@ -101,7 +101,7 @@ from drahealth.kube import (
 )
 from drahealth.remedy._aftercare import AftercareGuard
 from drahealth.remedy._breaker_guard import BreakerGuard
-from drahealth.remedy._burnin import ANNOTATION_BURN_IN, OutcomeReporter
+from drahealth.remedy._burnin import ANNOTATION_BURN_IN, OutcomeReporter, run_check
 from drahealth.remedy._control import (
     COMPONENT_LABEL,
     CONTROL_COMPONENT,
@@ -134,7 +134,7 @@ log = logging.getLogger(__name__)
 
 HISTORY_CONFIGMAP = "drahealth-remediation-history"
 HISTORY_LENGTH = 200
-COMPONENT = "drahealth-controller"
+COMPONENT = CONTROLLER_COMPONENT
 JSON = dict[str, Any]
 
 
@@ -151,6 +151,11 @@ def _release_list_memory() -> None:
 
 #: Attempts of the history's read-modify-write that meet a conflict, per pass.
 MAX_CONFLICTS = 8
+#: Bounds on one history row as the breaker's window reads it back: its time's text,
+#: its subject and the devices one node row may name.
+MAX_TIME_TEXT = 64
+MAX_SUBJECT = 1024
+MAX_ROW_DEVICES = 1024
 
 
 def _history_rows(cm: Any) -> list[JSON]:
@@ -228,6 +233,8 @@ class RemediationController:
     def _reset(self) -> None:
         """The state one leadership (or one round after a rediscovery) starts from."""
         client, policy = self.client, self.policy
+        #: the wall clock read once, at the start, and carried on by the monotonic one
+        self._wall_start, self._clock_start = self._wall(), self._clock()
         self.engine = RemedyEngine(policy)
         self.pods: Reflector[Pod] = Reflector(client, Pod, name="remedy-pods")
         self.claims: Reflector[Any] | None = None
@@ -742,7 +749,7 @@ class RemediationController:
             control=self.control.values,
             written=self._written_taints,
             state=self.state,
-            now=self._wall(),
+            now=self._steady_wall(),
         )
 
     def _breaker_counts(self, key: DeviceKey, want: Want) -> bool:
@@ -759,6 +766,12 @@ class RemediationController:
                 out.add(DeviceKey(sel.driver, sel.pool, sel.device))
         return out
 
+    def _steady_wall(self) -> float:
+        """Unix time for the breaker's window: the wall clock as read at the start, moved
+        on by the monotonic clock, so a wall clock set back or forward by hours while
+        this replica leads neither empties the window nor holds it for hours."""
+        return self._wall_start + (self._clock() - self._clock_start)
+
     def _written_taints(self) -> list[tuple[DeviceKey, float]]:
         """Taints the controller wrote, with when, as the API shows them: its rules
         (creation time), its node rows (since) and the history's taint lines."""
@@ -770,19 +783,27 @@ class RemediationController:
             created = rule.metadata.creationTimestamp if rule.metadata is not None else None
             if sel is not None and sel.driver and sel.pool and sel.device and created:
                 out.append((DeviceKey(sel.driver, sel.pool, sel.device), created.timestamp()))
-        for row in self._history:
-            if row.get("action") not in ("create", "node"):
+        for row in self._history:  # the least trusted record: checked against the slices
+            if not isinstance(row, dict) or row.get("action") not in ("create", "node"):
                 continue
-            at = parse_rfc3339(str(row.get("time", "")))
+            at = parse_rfc3339(str(row.get("time", ""))[:MAX_TIME_TEXT])
             if at is None:
                 continue
-            subjects = [str(row.get("subject", ""))]
+            subject = str(row.get("subject", ""))[:MAX_SUBJECT]
+            subjects, node = [subject], ""
             if row.get("action") == "node":  # "... (unhealthy devices: a, b)"
                 listed = str(row.get("message", "")).rpartition("(unhealthy devices: ")[2]
-                subjects = [t.strip() for t in listed.rstrip(")").split(",")]
-            for text in subjects:
-                with contextlib.suppress(ValueError):
-                    out.append((DeviceKey.parse(text), at))
+                subjects, node = [t.strip() for t in listed.rstrip(")").split(",")], subject
+            for text in subjects[:MAX_ROW_DEVICES]:
+                try:
+                    key = DeviceKey.parse(text)
+                except ValueError:
+                    continue
+                facts = self.model.facts(key)
+                # only a device a slice publishes, on the node the row names: a row
+                # naming devices nobody publishes, or another node's, counts for nothing
+                if facts is not None and (not node or facts.node in ("", node)):
+                    out.append((key, at))
         return out
 
     def _breaker_notify(self, node: str, kind: str, reason: str, message: str) -> None:
@@ -960,12 +981,27 @@ class RemediationController:
             elif action == "update":
                 await self.client.replace(cls.from_dict(body))
             else:
+                meta = body.get("metadata") or {}
                 self.ownership.deleting(name)  # not an operator's untaint
-                await self.client.delete(cls, name)
+                try:  # only the rule as read: a changed or re-created one is a 409
+                    await delete_with_preconditions(
+                        self.client, cls, name,
+                        uid=meta.get("uid"), resource_version=meta.get("resourceVersion"),
+                    )  # fmt: skip
+                except BaseException:
+                    self.ownership.delete_failed(name)
+                    raise
         except ApiError as exc:
             if action == "create" and exc.status.code == 409:
                 return False  # the reflector will show it; next pass compares
             if action == "delete" and exc.status.code == 404:
+                return False
+            if action in ("delete", "update") and exc.status.code == 409:
+                # changed since it was read: the reflector brings the change, and the
+                # next pass decides again on what the API holds
+                log.info("%s devicetaintrule/%s: changed meanwhile: %s", action, name,
+                         exc.status.message)  # fmt: skip
+                self._wake.set()
                 return False
             log.warning("%s devicetaintrule/%s failed: %s", action, name, exc.status.message)
             self.metrics.failures.labels(action).inc()
@@ -1134,34 +1170,10 @@ class RemediationController:
             asyncio.get_running_loop().create_task(self._validate(key, node, check))
 
     async def _validate(self, key: DeviceKey, node: str, check: Validate) -> None:
-        ok, detail = False, ""
+        """Run the recovery check through :func:`run_check` (the bounded child runner for
+        ``exec``, no redirects for ``http``)."""
         try:
-            async with asyncio.timeout(check.timeout):
-                if check.exec:
-                    env = {**os.environ, "DRAHEALTH_DEVICE": str(key), "DRAHEALTH_NODE": node}
-                    proc = await asyncio.create_subprocess_exec(
-                        *check.exec,
-                        env=env,
-                        stdout=asyncio.subprocess.DEVNULL,
-                        stderr=asyncio.subprocess.PIPE,
-                    )
-                    _, err = await proc.communicate()
-                    ok = proc.returncode == 0
-                    detail = f"exit {proc.returncode}" + (
-                        f": {err.decode(errors='replace')[:200]}" if err and not ok else ""
-                    )
-                else:
-                    params = {"device": str(key), "node": node}
-                    async with (
-                        aiohttp.ClientSession() as session,
-                        session.get(check.http, params=params) as resp,
-                    ):
-                        ok = 200 <= resp.status < 300
-                        detail = f"HTTP {resp.status}"
-        except TimeoutError:
-            detail = f"timed out after {check.timeout:g} s"
-        except (OSError, aiohttp.ClientError) as exc:
-            detail = str(exc)
+            ok, detail = await run_check(check, key, node)
         finally:
             self._validating.discard(key)
         self.engine.validated(key, ok, self._clock())

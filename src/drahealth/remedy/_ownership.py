@@ -148,6 +148,10 @@ class OwnershipGuard:
             while len(self._deleting) > MAX_REMEMBERED:
                 del self._deleting[next(iter(self._deleting))]
 
+    def delete_failed(self, name: str) -> None:
+        """The controller's delete of ``name`` did not happen (a 409, an error)."""
+        self._deleting.pop(name, None)
+
     def rule_deleted(self, raw: Mapping[str, Any]) -> None:
         """A controller rule is gone: by the controller's own delete, or someone else's."""
         meta = raw.get("metadata") or {}

@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final, Literal
 
+from drahealth.kube import AGENT_COMPONENT, CONTROLLER_COMPONENT
+
 __all__ = [
     "AGENT_COMPONENT",
     "AGENT_POD_REASONS",
@@ -36,10 +38,6 @@ __all__ = [
     "recorded_by",
 ]
 
-#: ``source.component``/``reportingComponent`` of the remediation controller's Events.
-CONTROLLER_COMPONENT: Final = "drahealth-controller"
-#: ... and of a node agent's.
-AGENT_COMPONENT: Final = "drahealth-agent"
 #: What the controller says about a Pod, in the Pod's namespace.
 CONTROLLER_POD_REASONS: Final = frozenset(
     {"DeviceTaintEviction", "EvictionBlocked", "EvictionFailed"}

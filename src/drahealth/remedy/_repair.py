@@ -58,6 +58,7 @@ from drahealth.core import (
     job_manifest,
     repair_env,
 )
+from drahealth.kube import LeaseLost, check_fence
 from drahealth.remedy._rules import ANNOTATION_NODE, ANNOTATION_RULE, CONTROLLER_LABEL, MANAGED_BY
 
 __all__ = ["ANNOTATION_DEVICE", "LABEL_DEVICE", "POLL_SECONDS", "RepairRunner", "device_hash"]
@@ -140,6 +141,7 @@ class RepairRunner:
                 start = asyncio.get_running_loop().time()
                 async with asyncio.timeout(repair.timeout):
                     await self._until_recorded()
+                    check_fence(self.client)  # a replica that no longer leads starts nothing
                     if repair.exec:
                         left = repair.timeout - (asyncio.get_running_loop().time() - start)
                         ok, detail = await self._exec(repair.exec, env, left)
@@ -155,6 +157,9 @@ class RepairRunner:
             detail = str(exc) or type(exc).__name__
         except ApiError as exc:
             detail = f"API: {exc.status.message}"
+        except LeaseLost as exc:  # the state still says running: the next leader runs it
+            log.warning("repair of %s not started: %s", run.key, exc)
+            return
         self.on_done(run, ok, detail, job)
 
     # -- exec and webhook ------------------------------------------------------------
