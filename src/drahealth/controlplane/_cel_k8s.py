@@ -37,8 +37,12 @@ no cost tracking, so this module adds both halves itself.
   body). Over the budget is :class:`CELCostError` (``too complex, exceeds cost
   limit``), as upstream's estimator refuses it at validation.
 * At evaluation, a meter charges every operation (one unit, plus a tenth of the
-  length of each string and the length of each list or map an operation creates;
-  ``replace`` is charged its result size *before* it runs) and stops the
+  length of each string and the deep size of each list or map an operation creates)
+  and, *before* an operator or function runs, what it will scan: its operands' sizes
+  (deep, so lists of lists sharing one another are charged every leaf), the list's
+  for ``in``, the product of both lists' lengths for the ``sets`` functions;
+  ``replace`` and ``split`` are charged their result size before they build it, and
+  long library calls look at the meter as they go. It stops the
   evaluation with ``operation cancelled: actual cost limit exceeded`` past the
   budget, or ``... timed out`` past the caller's deadline (cel-python is far slower
   per unit than cel-go, so callers bound wall time too).
@@ -115,7 +119,7 @@ class _Exceeded(Exception):
 class _Meter:
     """Cost spent by one evaluation, its budget and its wall-clock deadline."""
 
-    __slots__ = ("budget", "deadline", "spent", "stopped", "ticks")
+    __slots__ = ("budget", "deadline", "spent", "stopped", "ticks", "weights")
 
     def __init__(self, budget: int, deadline: float | None) -> None:
         self.budget = budget
@@ -123,6 +127,9 @@ class _Meter:
         self.spent = 0
         self.ticks = 0
         self.stopped: CELRuntimeError | None = None
+        #: id -> (value, deep weight) of the lists and maps weighed so far; the value is
+        #: kept so that its id is not reused while this evaluation runs.
+        self.weights: dict[int, tuple[Any, int]] = {}
 
     def charge(self, units: int) -> None:
         if self.stopped is not None:  # sticky: whatever swallowed it, stop again
@@ -131,7 +138,9 @@ class _Meter:
         if self.spent > self.budget:
             self.stopped = CELRuntimeError("operation cancelled: actual cost limit exceeded")
         elif (
-            self.deadline is not None and self.ticks % 64 == 0 and time.monotonic() > self.deadline
+            self.deadline is not None
+            and (self.ticks % 64 == 0 or units >= 64)  # a big charge is a long operation
+            and time.monotonic() > self.deadline
         ):
             self.stopped = CELTimeout("operation cancelled: evaluation timed out")
         self.ticks += 1
@@ -154,11 +163,66 @@ _CREATORS = frozenset({"list_lit", "map_lit", "member_dot_arg", "ident_arg", "do
 
 
 def _size_cost(value: Any) -> int:
+    """What holding or scanning ``value`` costs: a tenth of a string's length, and for
+    a list or map its *deep* size (every item of every nested list or map, each time it
+    occurs), so that lists of lists sharing one another cannot hide an exponential
+    amount of work from the meter behind a few cheap literals."""
     if isinstance(value, (str, bytes)):
         return len(value) // 10
-    if isinstance(value, (list, dict)):
-        return len(value)
-    return 0
+    if not isinstance(value, (list, dict)):
+        return 0
+    meter: _Meter | None = getattr(_ACTIVE, "meter", None)
+    memo = meter.weights if meter is not None else {}
+    stack: list[tuple[Any, bool]] = [(value, False)]
+    while stack:  # post-order without recursion: nesting depth is the caller's to choose
+        node, children_done = stack.pop()
+        if id(node) in memo:
+            continue
+        items = list(node.keys()) + list(node.values()) if isinstance(node, dict) else node
+        if not children_done:
+            stack.append((node, True))
+            stack.extend((c, False) for c in items if isinstance(c, (list, dict)))
+            continue
+        total = len(node)
+        for c in items:
+            if isinstance(c, (list, dict)):
+                total += memo[id(c)][1]
+            elif isinstance(c, (str, bytes)):
+                total += len(c) // 10
+        memo[id(node)] = (node, min(total, _UNBOUNDED))
+    return memo[id(value)][1]
+
+
+#: Operators and functions whose work does not grow with their operands.
+_CONSTANT_TIME = frozenset({"_[_]", "size", "_&&_", "_||_", "!_", "-_", "_?_:_", "has", "dyn",
+                            "_*_", "_/_", "_%_", "_-_"})  # fmt: skip
+
+
+def _input_cost(name: str, args: tuple[Any, ...]) -> int:
+    """What a call must pay *before* it runs, from what it will scan: its operands'
+    sizes, the container's for ``in`` (a map lookup is constant), and the product of
+    both lists' lengths for the ``sets`` functions (each item of one is looked for in
+    the other)."""
+    if name in _CONSTANT_TIME:
+        return 0
+    if name == "_in_" and len(args) == 2:
+        return 0 if isinstance(args[1], dict) else _size_cost(args[1])
+    cost = sum(_size_cost(a) for a in args)
+    if name.startswith("sets.") and len(args) == 2:
+        sizes = [len(a) if isinstance(a, (list, dict)) else 1 for a in args]
+        cost += sizes[0] * sizes[1]
+    return cost
+
+
+def _metered(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` charged :func:`_input_cost` before it runs: a single call (``in`` on a
+    long list, ``sets.intersects`` of two) cannot outrun the budget or the deadline."""
+
+    def call(*args: Any) -> Any:
+        _charge(_input_cost(name, args))
+        return fn(*args)
+
+    return call
 
 
 class _Fail(Exception):
@@ -481,8 +545,18 @@ def _split(text: str, sep: str, limit: Any = None) -> Any:
     n = -1 if limit is None else int(limit)
     if n == 0:
         return celtypes.ListType()
+    count = len(text) if sep == "" else text.count(sep) + 1
+    _charge(count if n < 0 else min(count, n))  # the items, before they are built
     parts = (list(text) if sep == "" else text.split(sep)) if n < 0 else text.split(sep, n - 1)
-    return celtypes.ListType([_S(p) for p in parts])
+    out = []
+    for i in range(0, len(parts), _CHUNK):  # the deadline is checked as they are built
+        _charge(min(_CHUNK, len(parts) - i) // 64)
+        out += [_S(p) for p in parts[i : i + _CHUNK]]
+    return celtypes.ListType(out)
+
+
+#: Items built between two looks at the meter in a long library call.
+_CHUNK = 4096
 
 
 def _substring(text: str, start: Any, end: Any = None) -> Any:
@@ -508,7 +582,9 @@ def _char_at(text: str, index: Any) -> Any:
 
 
 def _join(items: Any, sep: str = "") -> Any:
-    return _S(sep.join(str(v) for v in items))
+    if not all(isinstance(v, str) for v in items):  # list(string) only, as upstream
+        raise _Fail("no such overload: join on a list that is not list(string)")
+    return _S(sep.join(items))
 
 
 _RE2_OPTIONS: Any = re2.Options()
@@ -530,9 +606,13 @@ def _find(text: str, pattern: str) -> Any:
 
 
 def _find_all(text: str, pattern: str, limit: Any = None) -> Any:
-    found = [m.group(0) for m in _regexp(pattern).finditer(text)]
-    if limit is not None and int(limit) >= 0:
-        found = found[: int(limit)]
+    most = int(limit) if limit is not None and int(limit) >= 0 else len(text) + 1
+    found: list[str] = []
+    for m in _regexp(pattern).finditer(text):
+        if len(found) >= most:
+            break
+        _charge(1)  # each match as it is found, not after all of them are
+        found.append(m.group(0))
     return celtypes.ListType([_S(f) for f in found])
 
 
@@ -666,6 +746,7 @@ def _wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         for a in args:
             if isinstance(a, CELEvalError):
                 return a
+        _charge(_input_cost(name, args))
         try:
             return fn(*args)
         except (_Fail, ValueError, TypeError, re.error, ZeroDivisionError) as exc:
@@ -675,6 +756,16 @@ def _wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 _WRAPPED = {name: _wrap(name, fn) for name, fn in _FUNCTIONS.items()}
+#: What a program resolves: celpy's operators and functions metered (types such as
+#: ``string`` stay types, as ``type(x) == string`` compares them), then this module's.
+_PROGRAM_FUNCTIONS = {
+    **{
+        name: _metered(name, fn)
+        for name, fn in celpy.evaluation.base_functions.items()
+        if not isinstance(fn, type)
+    },
+    **_WRAPPED,
+}
 #: Functions celpy itself provides (global or method form).
 _BUILTIN = frozenset(celpy.evaluation.base_functions) | {
     "has", "map", "filter", "all", "exists", "exists_one", "size", "min", "dyn",
@@ -920,7 +1011,7 @@ def compile_selector(expression: str) -> Selector:
         raise CELCostError(
             f"too complex, exceeds cost limit (estimated cost {cost} exceeds limit {MAX_COST})"
         )
-    return Selector(expression, _ENV.program(ast, functions=_WRAPPED), cost)
+    return Selector(expression, _ENV.program(ast, functions=_PROGRAM_FUNCTIONS), cost)
 
 
 class _Domains(celtypes.MapType):
@@ -1129,6 +1220,8 @@ def _call(name: str, target: Any, args: list[Any], env: _Env) -> tuple[int, _Siz
     first = parts[0][1] if parts else _SCALAR
     if name in _SCANNING:
         cost += sum(_tenth(s.n) if s.elem is None else s.n for _, s in parts)
+    if namespace == "sets" and len(parts) == 2:  # each item of one looked for in the other
+        cost += parts[0][1].n * parts[1][1].n
     if name in ("split", "findAll"):
         return cost + first.n + 1, _Size(first.n + 1, _Size(first.n))
     if name == "replace":

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -100,12 +101,37 @@ HEALTH_PATHS = ("/healthz", "/readyz", "/livez")
 HEALTH_OVERFLOW_CONNECTIONS = 16
 
 
+class WatchTicket:
+    """One admitted watch: its client, when it started and how to end it early."""
+
+    __slots__ = ("evicted", "key", "seq", "stop")
+
+    def __init__(self, key: tuple[str, str, str], seq: int) -> None:
+        self.key = key
+        self.seq = seq
+        self.evicted = False
+        #: Ends the stream cleanly (queued events first); set once the watch is open.
+        self.stop: Callable[[], None] | None = None
+
+    def end(self) -> None:
+        self.evicted = True
+        if self.stop is not None:
+            self.stop()
+
+
 class WatchSlots:
     """Caps on open watches: ``total`` in all and ``per_client`` per client (its address,
-    ``Authorization`` and ``User-Agent``), so watches can never take every connection
-    and one client cannot take every watch. Over a cap a watch is answered 429 with
-    ``Retry-After`` (upstream's priority-and-fairness answer), and client-go, kubectl and
-    lightkube watchers retry.
+    ``Authorization`` and ``User-Agent``), so watches can never take every connection.
+
+    Those three are the client's to choose (this server authenticates nobody), so the
+    per-client cap alone cannot keep one party from every watch: two User-Agents were
+    enough. When all ``total`` are open, a new watch is admitted by ending one watch of
+    the client holding the most (its oldest), as long as that client holds more than the
+    newcomer: shares converge to equal, whatever identities a party makes up. The ended
+    watch closes cleanly and its client re-watches from the last resourceVersion it saw,
+    missing nothing. Over ``per_client``, or with no larger holder, a watch is answered
+    429 with ``Retry-After`` (upstream's priority-and-fairness answer), and client-go,
+    kubectl and lightkube watchers retry.
     """
 
     def __init__(self, max_connections: int) -> None:
@@ -114,7 +140,9 @@ class WatchSlots:
         self.per_client = max(1, self.total // 2)
         self.active = 0
         self.refused = 0
-        self._by_client: dict[tuple[str, str, str], int] = {}
+        self.evicted = 0
+        self._seq = 0
+        self._by_client: dict[tuple[str, str, str], list[WatchTicket]] = {}
 
     @staticmethod
     def client(request: web.Request) -> tuple[str, str, str]:
@@ -122,21 +150,44 @@ class WatchSlots:
         digest = hashlib.sha256(auth.encode(errors="replace")).hexdigest()[:16] if auth else ""
         return str(request.remote or ""), digest, request.headers.get("User-Agent", "")[:64]
 
-    def acquire(self, key: tuple[str, str, str]) -> bool:
-        held = self._by_client.get(key, 0)
-        if self.active >= self.total or held >= self.per_client:
+    def acquire(self, key: tuple[str, str, str]) -> WatchTicket | None:
+        """A ticket for a new watch of ``key``, or None (answer 429)."""
+        mine = len(self._by_client.get(key, ()))
+        if mine >= self.per_client:
             self.refused += 1
-            return False
-        self._by_client[key] = held + 1
+            return None
+        if self.active >= self.total:
+            victim = self._victim(mine)
+            if victim is None:
+                self.refused += 1
+                return None
+            self.release(victim)
+            victim.end()
+            self.evicted += 1
+        self._seq += 1
+        ticket = WatchTicket(key, self._seq)
+        self._by_client.setdefault(key, []).append(ticket)
         self.active += 1
-        return True
+        return ticket
 
-    def release(self, key: tuple[str, str, str]) -> None:
-        held = self._by_client.get(key, 0) - 1
-        if held > 0:
-            self._by_client[key] = held
-        else:
-            self._by_client.pop(key, None)
+    def _victim(self, mine: int) -> WatchTicket | None:
+        """The oldest watch of the largest holder, if it holds more than ``mine``."""
+        best: list[WatchTicket] | None = None
+        for tickets in self._by_client.values():
+            if len(tickets) <= mine:
+                continue
+            if best is None or (len(tickets), -tickets[0].seq) > (len(best), -best[0].seq):
+                best = tickets
+        return best[0] if best else None
+
+    def release(self, ticket: WatchTicket) -> None:
+        """The watch ended (or was ended); a second release is a no-op."""
+        tickets = self._by_client.get(ticket.key)
+        if tickets is None or ticket not in tickets:
+            return
+        tickets.remove(ticket)
+        if not tickets:
+            del self._by_client[ticket.key]
         self.active -= 1
 
 
@@ -716,13 +767,13 @@ class APIServer:
             if name is None:
                 labels, fields = self._selectors(request, rt)
                 if _truthy(q.get("watch")):
-                    slots, client = self.watch_slots, WatchSlots.client(request)
-                    if not slots.acquire(client):
+                    ticket = self.watch_slots.acquire(WatchSlots.client(request))
+                    if ticket is None:
                         return _too_many_watches()
                     try:
-                        return await self._watch(request, rt, ns, labels, fields)
+                        return await self._watch(request, rt, ns, labels, fields, ticket)
                     finally:
-                        slots.release(client)
+                        self.watch_slots.release(ticket)
                 self._refuse_future_rv(q.get("resourceVersion"))
                 items = self.engine.select(rt, ns, labels, fields)
                 if as_table:
@@ -850,6 +901,7 @@ class APIServer:
         ns: str | None,
         labels: LabelSelector,
         fields: FieldSelector,
+        ticket: WatchTicket | None = None,
     ) -> web.StreamResponse:
         q = request.query
         rv = q.get("resourceVersion", "")
@@ -887,6 +939,10 @@ class APIServer:
             )
             await resp.write_eof()
             return resp
+        if ticket is not None:  # ended early for a fair share: queued events go out first
+            ticket.stop = functools.partial(watcher.close, drop_queued=False)
+            if ticket.evicted:
+                ticket.stop()
 
         async def send(kind: str, obj: JSON) -> None:
             if kind != "BOOKMARK":

@@ -137,7 +137,10 @@ class TaintEvictionStandIn:
         classes = {}
         if self.classes is not None:
             classes = {str(c["metadata"]["name"]): c for c in self.classes.store.dicts()}
-        from_rules = rule_taints(rules, ("NoExecute",), classes)
+        live = [pod for pod in self.pods.store.dicts() if _live(pod)]
+        from_rules = await self._rule_taints_off_loop(
+            rule_taints(rules, ("NoExecute",), classes), devices, live
+        )
         added = {
             (r["spec"]["taint"]["key"], r["spec"]["taint"].get("effect")): r["spec"]["taint"].get(
                 "timeAdded"
@@ -146,9 +149,7 @@ class TaintEvictionStandIn:
             if (r.get("spec") or {}).get("taint")
         }
         now = datetime.datetime.now(datetime.UTC)
-        for pod in self.pods.store.dicts():
-            if not _live(pod):
-                continue
+        for pod in live:
             found = self._eviction_reason(pod, devices, from_rules, added, now)
             if found is not None and await self._evict(pod, found[0]):
                 for r in rules:
@@ -157,6 +158,35 @@ class TaintEvictionStandIn:
                         self.evicted_by_rule[name] = self.evicted_by_rule.get(name, 0) + 1
         if self.rule_status:
             await self._rule_status(rules)
+
+    async def _rule_taints_off_loop(
+        self,
+        from_rules: Any,
+        devices: dict[tuple[str, str, str], Device],
+        pods: list[JSON],
+    ) -> Any:
+        """``from_rules`` for every device the ``pods`` hold, worked out in a thread.
+
+        A rule's CEL selectors are evaluated per device (each within its cost budget and
+        deadline); on the event loop, a few costly selectors times many devices would
+        stall the API server and every other controller for as long. The devices are
+        read here, on the loop; the answer is a plain lookup.
+        """
+        keys: set[tuple[str, str, str]] = set()
+        for pod in pods:
+            for claim_name in pod_claim_names(pod, extended=False).values():
+                claim = self.claims.store.get(pod["metadata"]["namespace"], claim_name)
+                if claim is None:
+                    continue
+                c = as_dict(claim)
+                alloc = ((c.get("status") or {}).get("allocation") or {}).get("devices") or {}
+                for r in alloc.get("results") or []:
+                    keys.add((r["driver"], r["pool"], r["device"]))
+        if not keys:
+            return lambda _d: []
+        chosen = [devices.get(k) or Device(*k, node="") for k in sorted(keys)]
+        found = await asyncio.to_thread(lambda: {d.key: from_rules(d) for d in chosen})
+        return lambda d: found.get(d.key, [])
 
     async def _rule_status(self, rules: list[JSON]) -> None:
         """``EvictionInProgress`` on NoExecute rules: False with how many pods were evicted."""
