@@ -211,6 +211,12 @@ def _resolve_user(
     again as the token ages or is refused. A client certificate a plugin answers is
     resolved here, once (httpx cannot swap it per request). Certificate and key files
     are checked to be regular files of a bounded size."""
+    if user.auth_provider is not None and not (user.token or user.token_file or user.exec):
+        name = user.auth_provider.get("name") if isinstance(user.auth_provider, Mapping) else ""
+        raise ValueError(
+            f"the user's auth-provider {name!r} is not supported (kubectl dropped auth "
+            "providers too); use an exec credential plugin (users[].user.exec)"
+        )
     for what, name in (("client-certificate", user.client_cert), ("client-key", user.client_key)):
         if name:
             _check_file(_under(base, name), MAX_CERT_BYTES, what)

@@ -271,3 +271,12 @@ def test_make_sync_client(tmp_path: Path) -> None:
         assert client.config.cluster.server == "https://other.invalid"
     finally:
         client.close()
+
+
+def test_an_auth_provider_user_is_a_clear_error(tmp_path: Path, isolated: dict[str, Any]) -> None:
+    """lightkube raises a bare ConfigError from its request path for auth providers; the
+    load names the problem instead, so the CLI prints one line and exits 2."""
+    doc = _kubeconfig(user={"auth-provider": {"name": "gcp", "config": {}}})
+    kc = _write(tmp_path / "kc", doc)
+    with pytest.raises(KubeConfigError, match="auth-provider 'gcp' is not supported"):
+        load_config(kc, **isolated)
