@@ -186,9 +186,9 @@ _TOKEN = re.compile(
     re.VERBOSE,
 )
 _FILTER = re.compile(
-    r"""^\?\(\s*@(?P<path>(?:\.[A-Za-z0-9_\-/]+|\[[^\]]*\])*)\s*
-        (?:(?P<op>==|!=|<=|>=|<|>)\s*(?P<value>'[^']*'|"[^"]*"|-?\d+(?:\.\d+)?|true|false|null))?
-        \s*\)$""",
+    r"""^\?\(\s*@(?P<path>(?:\.[A-Za-z0-9_\-/]+|\[[^\]]*\])*)
+        (?:\s*(?P<op>==|!=|<=|>=|<|>)\s*(?P<value>'[^']*'|"[^"]*"|-?\d+(?:\.\d+)?|true|false|null))?
+        \s*\)$""",  # no two runs of \s* side by side: a failed match is linear, not quadratic
     re.VERBOSE,
 )
 
@@ -262,7 +262,7 @@ def _bracket(inner: str, path: str) -> Step:
         if f.group("op"):
             value = json.loads(f.group("value").replace("'", '"'))
         return ("filter", (_parse_path(f.group("path") or ""), f.group("op"), value))
-    raise JSONPathError(f"cannot read [{inner}] in {path!r}")
+    raise JSONPathError(f"cannot read [{inner[:80]}] in {path[:80]!r}")
 
 
 def _children(value: Any) -> list[Any]:

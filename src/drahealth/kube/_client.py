@@ -27,7 +27,7 @@ from lightkube.config.models import Cluster, Context, User
 
 from drahealth._yaml import YAMLLimits, load_bounded
 from drahealth.kube._credentials import ExecSource, RefreshingBearerAuth, TokenFileSource
-from drahealth.kube._exec_credential import ExecCredentialError, exec_credential
+from drahealth.kube._exec_credential import ExecCredentialError, check_token, exec_credential
 
 __all__ = [
     "DEFAULT_KUBECONFIG",
@@ -191,9 +191,12 @@ def _under(base: Path | None, name: str) -> Path:
 
 def read_token_file(path: Path) -> str:
     """The token in the file ``path``, read bounded (a regular file of at most
-    :data:`MAX_TOKEN_BYTES`); ValueError naming the file for anything wrong."""
+    :data:`MAX_TOKEN_BYTES`, holding a token that can be sent: see
+    :func:`~drahealth.kube._exec_credential.check_token`); ValueError naming the file for
+    anything wrong."""
     try:
-        return read_bounded(path, MAX_TOKEN_BYTES, "tokenFile").decode("utf-8").strip()
+        token = read_bounded(path, MAX_TOKEN_BYTES, "tokenFile").decode("utf-8").strip()
+        return check_token(token, f"tokenFile {path}") if token else token
     except FileNotFoundError:
         raise ValueError(f"tokenFile {path} not found") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -221,6 +224,8 @@ def _resolve_user(
         if name:
             _check_file(_under(base, name), MAX_CERT_BYTES, what)
     auth: RefreshingBearerAuth | None = None
+    if user.token:
+        check_token(user.token, "the user's token")
     if user.token_file and not user.token:
         path = _under(base, user.token_file)
         token = read_token_file(path)

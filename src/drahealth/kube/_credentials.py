@@ -9,14 +9,19 @@ token sources:
   client-go's cached token source does) and after a 401. A read that fails keeps the
   last good token (the kubelet may be swapping the file).
 * :class:`ExecSource`: the plugin runs when there is no credential, when the cached one
-  is within 30 s of its ``expirationTimestamp``, and after a 401.
+  is within 30 s of its ``expirationTimestamp``, and after a 401. Requests waiting while
+  it runs take its answer, a token (even one already past its expiry) or its failure,
+  rather than running it again each.
 
 After a 401 the request is sent once more, only when the source then gives another
-token. Concurrent requests wait for one refresh rather than starting one each. The async
-flow runs the refresh (a plugin, a file read) on a worker thread, never on the event
-loop. A refresh that fails with no token to fall back on raises :class:`CredentialError`,
-a transport error naming the file or the plugin, so callers treat it as the API being
-unreachable (retry with backoff; the CLI prints one ``error:`` line).
+token. Concurrent requests wait for one refresh rather than starting one each. A token
+(from a kubeconfig, a file or a plugin) that cannot be an HTTP header value (a line
+break, a control or a non-ASCII character) is refused where it is read, by an error that
+does not quote it. The async flow runs the refresh (a plugin, a file read) on a worker
+thread, never on the event loop. A refresh that fails with no token to fall back on
+raises :class:`CredentialError`, a transport error naming the file or the plugin, so
+callers treat it as the API being unreachable (retry with backoff; the CLI prints one
+``error:`` line).
 
 A client certificate an exec plugin answers cannot be swapped per request by httpx: the
 kubeconfig loader resolves those once, at load.
@@ -38,6 +43,7 @@ from drahealth.kube._exec_credential import (
     EARLY_REFRESH,
     ExecCredential,
     ExecCredentialError,
+    check_token,
     exec_credential,
 )
 
@@ -48,6 +54,7 @@ __all__ = [
     "RefreshingBearerAuth",
     "TokenFileSource",
     "TokenSource",
+    "check_token",
 ]
 
 log = logging.getLogger(__name__)
@@ -64,9 +71,12 @@ class TokenSource(Protocol):
     def cached(self) -> str | None:
         """The token to send now, or None when :meth:`refresh` must run first (no I/O)."""
 
-    def refresh(self, stale: str | None) -> str:
+    def refresh(self, stale: str | None, since: float | None = None) -> str:
         """A fresh token (blocking I/O); ``stale`` is the one the caller saw rejected or
-        outdated: when another caller already replaced it, that token is returned."""
+        outdated: when another caller already replaced it, that token is returned. So is
+        one fetched at or after ``since`` (:func:`time.monotonic`; default: now), when the
+        caller started to wait: a burst of requests gets one refresh, even when the
+        credential it fetched is already past its expiry."""
 
 
 class TokenFileSource:
@@ -85,7 +95,8 @@ class TokenFileSource:
             return None
         return self._token
 
-    def refresh(self, stale: str | None) -> str:
+    def refresh(self, stale: str | None, since: float | None = None) -> str:
+        del since  # a token read is cached for TOKEN_FILE_RELOAD seconds anyway
         with self._lock:
             if self._token is not None and self._token != stale and self.cached() is not None:
                 return self._token  # another request read it meanwhile
@@ -119,6 +130,9 @@ class ExecSource:
         self.spec, self.where, self.base = spec, where, base
         self._lock = threading.Lock()
         self._credential = credential
+        self._fetched_at = time.monotonic()
+        #: When the last run failed, and why (callers waiting then get that answer).
+        self._failed: tuple[float, str] = (float("-inf"), "")
 
     def cached(self) -> str | None:
         cred = self._credential
@@ -128,21 +142,29 @@ class ExecSource:
             return None
         return cred.token
 
-    def refresh(self, stale: str | None) -> str:
+    def refresh(self, stale: str | None, since: float | None = None) -> str:
+        since = time.monotonic() if since is None else since
         with self._lock:
+            cred = self._credential
             token = self.cached()
+            if token is None and cred is not None and self._fetched_at >= since:
+                token = cred.token  # fetched while this caller waited, expired or not
             if token is not None and token != stale:
                 return token  # another request ran the plugin meanwhile
+            if self._failed[0] >= since:
+                raise CredentialError(self._failed[1])  # it failed while this caller waited
             try:
                 cred = exec_credential(self.spec, self.where, self.base, fresh=True)
+                if not cred.token:
+                    raise ExecCredentialError(
+                        f"{self.where}: exec plugin {self.spec.get('command')} answered a "
+                        "client certificate, not a token; it is read once, when the "
+                        "kubeconfig is loaded"
+                    )
             except ExecCredentialError as exc:
+                self._failed = (time.monotonic(), str(exc))
                 raise CredentialError(str(exc)) from None
-            if not cred.token:
-                raise CredentialError(
-                    f"{self.where}: exec plugin {self.spec.get('command')} answered a client "
-                    "certificate, not a token; it is read once, when the kubeconfig is loaded"
-                )
-            self._credential = cred
+            self._credential, self._fetched_at = cred, time.monotonic()
             return cred.token
 
 
@@ -184,11 +206,12 @@ class RefreshingBearerAuth(httpx2.Auth):
             return lock
 
     async def _refresh(self, stale: str | None) -> str:
+        since = time.monotonic()
         async with self._lock():  # one worker thread per refresh, not one per request
             token = self.source.cached()
             if token is not None and token != stale:
                 return token
-            return await asyncio.to_thread(self.source.refresh, stale)
+            return await asyncio.to_thread(self.source.refresh, stale, since)
 
     async def async_auth_flow(
         self, request: httpx2.Request

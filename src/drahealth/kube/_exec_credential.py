@@ -39,6 +39,7 @@ __all__ = [
     "MAX_OUTPUT",
     "ExecCredential",
     "ExecCredentialError",
+    "check_token",
     "exec_credential",
 ]
 
@@ -71,6 +72,18 @@ class ExecCredential:
 #: Credentials by plugin invocation, most recently stored last (at most _CACHE_SIZE).
 _cache: dict[str, ExecCredential] = {}
 _CACHE_SIZE = 64
+
+
+def check_token(token: str, what: str) -> str:
+    """``token`` when it can be sent as a bearer token (visible ASCII, no space, line
+    break or control character), else ValueError naming ``what`` but never quoting the
+    token (an HTTP library's own error would quote the whole header, token included)."""
+    if all("!" <= c <= "~" for c in token):
+        return token
+    raise ValueError(
+        f"{what} has characters a bearer token cannot carry (a space, a line break, a "
+        "control or a non-ASCII character)"
+    )
 
 
 def _run(argv: list[str], env: Mapping[str, str], interactive: bool, where: str) -> bytes:
@@ -129,6 +142,11 @@ def _parse(output: bytes, api_version: str, where: str) -> ExecCredential:
                         ("clientKeyData", key)):  # fmt: skip
         if value is not None and not isinstance(value, str):
             raise ExecCredentialError(f"{where}: status.{name} must be a string")
+    if token:
+        try:
+            check_token(token, f"{where}: status.token")
+        except ValueError as exc:
+            raise ExecCredentialError(str(exc)) from None
     if bool(cert) != bool(key):
         raise ExecCredentialError(
             f"{where}: status.clientCertificateData and clientKeyData must come together"
@@ -207,7 +225,7 @@ def exec_credential(
         if hint and ("exited with 127" in str(exc) or "could not run" in str(exc)):
             raise ExecCredentialError(f"{exc} ({' '.join(str(hint).split())[:200]})") from None
         raise
-    credential = _parse(out, api_version, where)
+    credential = _parse(out, api_version, f"{where} {command}")
     _cache.pop(key, None)
     _cache[key] = credential
     while len(_cache) > _CACHE_SIZE:

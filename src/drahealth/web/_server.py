@@ -501,7 +501,7 @@ class Dashboard:
     async def _body(self, request: web.Request, fields: tuple[str, ...]) -> dict[str, str]:
         try:
             body = await request.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deep
             raise web.HTTPBadRequest(
                 text=json.dumps({"error": "the body must be a JSON object"}),
                 content_type="application/json",
