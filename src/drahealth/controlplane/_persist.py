@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import msgspec
 
@@ -51,9 +53,14 @@ def encode_line(record: JSON) -> bytes:
     return checksummed_line(msgspec.json.encode(record))
 
 
-#: The JSON object of one line (without its newline); ``LineChecksumError`` when it does
-#: not verify (torn), ``ValueError`` when it is not a JSON object.
-decode_line = read_checksummed_line
+def decode_line(line: bytes) -> JSON:
+    """The JSON object of one line (without its newline); ``LineChecksumError`` when it
+    does not verify (torn), ``ValueError`` when it is not a JSON object or is nested
+    deeper than the decoder can follow."""
+    try:
+        return read_checksummed_line(line)
+    except RecursionError:
+        raise ValueError("record is nested too deeply to decode") from None
 
 
 # --------------------------------------------------------------------------- writing
@@ -82,6 +89,61 @@ def save(path: Path, rv: int, objects: Mapping[str, Collection[JSON]]) -> int:
 
 
 # --------------------------------------------------------------------------- reading
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(path: Path, what: str) -> tuple[IO[bytes], int] | None:
+    """``path`` opened for reading and its size, or None when nothing is there.
+
+    Only a regular file (a symlink to one included) is opened: a directory, FIFO or
+    device (``/dev/zero``) in its place raises DataFileError at once, without blocking
+    or reading; so does a symlink whose target is missing (the data may be on a volume
+    that is not mounted: starting empty would lose it).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise DataFileError(
+                f"{path}: {what} is a symlink to a missing file ({os.readlink(path)})"
+            ) from None
+        return None
+    except OSError as e:
+        raise DataFileError(f"{path}: cannot read {what}: {e}") from e
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise DataFileError(f"{path}: {what} is {_kind(info.st_mode)}, not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb"), info.st_size
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: Path, what: str) -> bytes | None:
+    """The bytes of the regular file ``path`` (at most its size at open), or None."""
+    opened = open_regular(path, what)
+    if opened is None:
+        return None
+    f, size = opened
+    try:
+        with f:
+            return f.read(size)
+    except OSError as e:
+        raise DataFileError(f"{path}: cannot read {what}: {e}") from e
 
 
 def object_problem(obj: Any, max_rv: int) -> str | None:
@@ -134,6 +196,8 @@ def _load_v1(path: Path, raw: bytes) -> tuple[int, State]:
         doc = json.loads(raw)
     except ValueError as e:
         raise DataFileError(f"{path}: corrupt data file (not JSON: {e})") from e
+    except RecursionError:
+        raise DataFileError(f"{path}: corrupt data file (nested too deeply)") from None
     if not isinstance(doc, dict):
         raise DataFileError(f"{path}: corrupt data file (not a JSON object)")
     if doc.get("version") != 1:
@@ -159,7 +223,10 @@ def _load_v1(path: Path, raw: bytes) -> tuple[int, State]:
 def _load_v2(path: Path, raw: bytes) -> tuple[int, State]:
     lines = raw.split(b"\n")
     if lines[-1]:
-        raise DataFileError(f"{path}: corrupt data file (truncated: no final line end)")
+        raise DataFileError(
+            f"{path}: corrupt data file (truncated at offset {len(raw) - len(lines[-1])}:"
+            " no final line end)"
+        )
     lines.pop()
     try:
         header = decode_line(lines[0])
@@ -177,24 +244,24 @@ def _load_v2(path: Path, raw: bytes) -> tuple[int, State]:
             f"{path}: corrupt data file (header says {count} objects, found {len(lines) - 1})"
         )
     out: State = {}
+    offset = len(lines[0]) + 1
     for number, line in enumerate(lines[1:], start=2):
+        where = f"line {number} at offset {offset}"
         try:
             rec = decode_line(line)
         except ValueError as e:
-            raise DataFileError(f"{path}: corrupt data file (line {number}: {e})") from None
-        _add(path, f"line {number}", out, rec.get("key"), rec.get("object"), rv)
+            raise DataFileError(f"{path}: corrupt data file ({where}: {e})") from None
+        _add(path, where, out, rec.get("key"), rec.get("object"), rv)
+        offset += len(line) + 1
     return rv, out
 
 
 def load_state(path: Path) -> tuple[int, State] | None:
     """``(resourceVersion, {key: {(namespace, name): object}})``, or None if absent."""
     path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    raw = read_regular(path, "the data file")
+    if raw is None:
         return None
-    except OSError as e:
-        raise DataFileError(f"{path}: cannot read data file: {e}") from e
     if raw.lstrip()[:1] in (b"{", b"[") or not raw.strip():
         return _load_v1(path, raw)
     return _load_v2(path, raw)

@@ -252,14 +252,17 @@ _INT64 = (-(2**63), 2**63 - 1)
 
 
 def watch_timeout(raw: str | None) -> float:
-    """Seconds a watch may run: ``timeoutSeconds`` parsed as upstream does (a base-10
-    int64; anything else is 400), 0 or absent meaning the server's own bound."""
+    """Seconds a watch may run: ``timeoutSeconds`` parsed as upstream does (Go's
+    ``strconv.ParseInt(s, 10, 64)``: an optional sign and ASCII digits, no spaces or
+    underscores; anything else is 400), 0 or absent meaning the server's own bound. A
+    negative value is accepted and ends the watch at once, as upstream's timer does."""
     if raw is None or raw == "":
         seconds = 0
     else:
-        text = raw.strip()
-        digits = text[1:] if text[:1] in "+-" else text
-        if not digits.isascii() or not digits.isdigit() or len(digits) > 19:
+        sign, body = (raw[0], raw[1:]) if raw[:1] in "+-" else ("", raw)
+        digits = body.lstrip("0") or "0"
+        text = sign + digits
+        if not body.isascii() or not body.isdigit() or len(digits) > 19:
             raise _status.bad_request(
                 f"timeoutSeconds: Invalid value: {raw[:32]!r}: must be an integer"
             )
@@ -755,7 +758,7 @@ class APIServer:
             if node_name and nodes is not None:
                 with contextlib.suppress(APIError):
                     node = self.engine.get(nodes, None, str(node_name))
-            return await pod_log(pod, node, request.query)
+            return await pod_log(request, pod, node, request.query)
         if sub == "eviction":
             if method != "POST" or ns is None or name is None:
                 raise _method_not_allowed()

@@ -15,7 +15,12 @@ Owns ``<data file>.wal`` and the :class:`Journal` that keeps it and the snapshot
       <crc32> {"rv": N, "key": "/pods", "ns": "default", "name": "p", "object": {...}}
 
   ``"object": null`` is a deletion. Replay applies, in order, the records newer than
-  the snapshot's resourceVersion (resourceVersions must increase). Only an
+  the snapshot's resourceVersion. Every write takes the next resourceVersion, so the
+  records count up by one and the first one newer than the snapshot directly follows
+  it: a repeat, a step back or a gap (a lost record, or a data file older than its log)
+  is damage. Records are read one at a time, each at most ``MAX_RECORD_BYTES``, from a
+  regular file only (a directory, FIFO or device in the log's place, or a symlink to a
+  missing file, is an error at once, never a hang or an endless read). Only an
   unterminated last line is a torn, never acknowledged append and is cut off (an append
   is acknowledged after its newline is fsynced). Any other damage, a complete
   (newline-terminated) last record with a bad checksum included, raises
@@ -42,7 +47,7 @@ import os
 import time
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from drahealth import _durable
 
@@ -57,6 +62,9 @@ LOG_FORMAT = "drahealth-apiserver-log"
 LOG_VERSION = 1
 _HEADER = encode_line({"format": LOG_FORMAT, "version": LOG_VERSION})
 COMPACT_BYTES = 16 << 20
+#: The longest log record read back: a stored object is at most 1.5 MiB encoded
+#: (``_decode.MAX_OBJECT_BYTES``); anything this long is damage, not a record.
+MAX_RECORD_BYTES = 64 << 20
 RETRY_INTERVAL_S = 1.0
 
 
@@ -131,38 +139,53 @@ class Log:
 def replay(path: Path, base_rv: int, state: _persist.State) -> tuple[int, int, int]:
     """Apply the log at ``path`` to ``state``; ``(resourceVersion, good size, torn bytes)``.
 
-    Raises DataFileError naming the log, line and byte offset for anything but an
-    unterminated (torn) last line.
+    The log is read one record at a time (at most :data:`MAX_RECORD_BYTES` each), so a
+    huge or endless file costs no more memory than one record; only a regular file is
+    read (``_persist.open_regular``). Raises DataFileError naming the log, line and byte
+    offset for anything but an unterminated (torn) last line.
     """
+    opened = _persist.open_regular(path, "the log")
+    if opened is None:
+        raise DataFileError(f"{path}: cannot read the log: it disappeared")
+    f, size = opened
     try:
-        raw = path.read_bytes()
+        with f:
+            return _replay(path, f, size, base_rv, state)
     except OSError as e:
         raise DataFileError(f"{path}: cannot read the log: {e}") from e
-    lines = raw.split(b"\n")
-    lines.pop()  # the unterminated remainder (a torn append) or b""
-    try:
-        header = decode_line(lines[0]) if lines else None
-    except ValueError as e:
-        raise DataFileError(f"{path}: corrupt log (line 1: {e})") from None
-    if header is None or header.get("format") != LOG_FORMAT:
-        raise DataFileError(f"{path}: corrupt log (no {LOG_FORMAT} header)")
-    if header.get("version") != LOG_VERSION:
-        raise DataFileError(f"{path}: unsupported log version {header.get('version')!r}")
+
+
+def _replay(
+    path: Path, f: IO[bytes], size: int, base_rv: int, state: _persist.State
+) -> tuple[int, int, int]:
     rv = base_rv
-    last = 0
-    good = len(lines[0]) + 1
-    for index, line in enumerate(lines[1:]):
-        number = index + 2
+    last: int | None = None
+    good = 0
+    number = 0
+    while good < size:
+        line = f.readline(min(MAX_RECORD_BYTES + 1, size - good))
+        number += 1
         where = f"line {number} at offset {good}"
+        if not line.endswith(b"\n"):
+            if len(line) > MAX_RECORD_BYTES:
+                raise DataFileError(
+                    f"{path}: corrupt log ({where}: a record longer than {MAX_RECORD_BYTES} bytes)"
+                )
+            break  # the unterminated remainder: a torn append, never acknowledged
+        body = line[:-1]
+        if number == 1:
+            _check_header(path, body)
+            good += len(line)
+            continue
         try:
-            rec = decode_line(line)
+            rec = decode_line(body)
         except ValueError as e:  # a bad checksum (LineChecksumError) or not JSON
             raise DataFileError(f"{path}: corrupt log ({where}: {e})") from None
-        problem = _record_problem(rec, last)
+        problem = _record_problem(rec, last, base_rv)
         if problem is not None:
             raise DataFileError(f"{path}: corrupt log ({where}: {problem})")
         last = rec["rv"]
-        good += len(line) + 1
+        good += len(line)
         if last <= base_rv:
             continue  # already in the snapshot
         rv = last
@@ -171,15 +194,35 @@ def replay(path: Path, base_rv: int, state: _persist.State) -> tuple[int, int, i
             bucket.pop((rec["ns"], rec["name"]), None)
         else:
             bucket[(rec["ns"], rec["name"])] = rec["object"]
-    return rv, good, len(raw) - good
+    if good == 0:
+        raise DataFileError(f"{path}: corrupt log (no {LOG_FORMAT} header)")
+    return rv, good, size - good
 
 
-def _record_problem(rec: JSON, last: int) -> str | None:
+def _check_header(path: Path, line: bytes) -> None:
+    try:
+        header = decode_line(line)
+    except ValueError as e:
+        raise DataFileError(f"{path}: corrupt log (line 1 at offset 0: {e})") from None
+    if header.get("format") != LOG_FORMAT:
+        raise DataFileError(f"{path}: corrupt log (no {LOG_FORMAT} header)")
+    if header.get("version") != LOG_VERSION:
+        raise DataFileError(f"{path}: unsupported log version {header.get('version')!r}")
+
+
+def _record_problem(rec: JSON, last: int | None, base_rv: int) -> str | None:
     rv = _persist.check_rv(rec.get("rv"))
     if rv is None or rv == 0:
         return f"bad resourceVersion {rec.get('rv')!r}"
-    if rv <= last:
+    # Every write takes the next resourceVersion (a rolled-back one is handed out again),
+    # so records count up by one, and the first one newer than the snapshot follows it.
+    if last is not None and rv != last + 1:
         return f"resourceVersion {rv} does not follow {last}"
+    if last is None and rv > base_rv + 1:
+        return (
+            f"the first record is resourceVersion {rv} but the data file ends at {base_rv}: "
+            f"writes {base_rv + 1}..{rv - 1} are missing"
+        )
     key, ns, name, obj = rec.get("key"), rec.get("ns"), rec.get("name"), rec.get("object")
     if not isinstance(key, str) or not key:
         return f"bad storage key {key!r}"
@@ -244,7 +287,7 @@ class Journal:
     def load(self) -> bool:
         """Load snapshot and log into the store; False when there is no data file yet."""
         snap = _persist.load_state(self.path)
-        has_log = self.log_path.exists()
+        has_log = os.path.lexists(self.log_path)
         if snap is None:
             if has_log:
                 raise DataFileError(
