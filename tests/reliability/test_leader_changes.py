@@ -46,6 +46,8 @@ from lightkube.resources.resource_v1 import DeviceTaintRule, ResourceSlice
 from lightkube.types import PatchType
 
 from drahealth.controlplane import APIServer
+from drahealth.core import DeviceKey, Match, Policy, Repair, Rule, parse_time
+from drahealth.core._remedy_engine import RemedyEngine
 from drahealth.kube import make_client
 
 pytestmark = pytest.mark.timeout(300)
@@ -102,6 +104,7 @@ class Controller:
         self.proc: asyncio.subprocess.Process | None = None
         self.starts = 0
         self.log_path = ""
+        self.pids: set[int] = set()  # of every process started under this identity
 
     @property
     def output(self) -> str:
@@ -121,6 +124,7 @@ class Controller:
             )  # fmt: skip
         finally:
             out.close()
+        self.pids.add(self.proc.pid)
 
     def active(self) -> int:
         """Times this process started leading and finished its first sync."""
@@ -155,6 +159,17 @@ class Ledger:
     created: list[tuple[float, str, str, str]] = field(default_factory=list)  # t, node, dev, by
     deleted: list[tuple[float, str, str]] = field(default_factory=list)
     history_writes: list[tuple[float, list[dict[str, Any]]]] = field(default_factory=list)
+    #: (wall time it took effect, holder): its acquireTime, or its renewTime for a release
+    holders: list[tuple[float, str]] = field(default_factory=list)
+
+    def holder_at(self, when: float) -> str:
+        """Who held the Lease at wall time ``when``, by the transitions watched."""
+        held = ""
+        for t, who in sorted(self.holders):
+            if t > when:
+                break
+            held = who
+        return held
 
 
 async def _watch_rules(client: AsyncClient, ledger: Ledger) -> None:
@@ -178,6 +193,18 @@ async def _watch_history(client: AsyncClient, ledger: Ledger) -> None:
         ledger.history_writes.append((time.monotonic(), rows))
 
 
+async def _watch_lease(client: AsyncClient, ledger: Ledger) -> None:
+    async for op, lease in client.watch(Lease, namespace="default"):
+        spec = lease.spec
+        if op == "DELETED" or spec is None:
+            continue
+        who = spec.holderIdentity or ""
+        if ledger.holders and ledger.holders[-1][1] == who:
+            continue
+        at = spec.acquireTime if who else spec.renewTime
+        ledger.holders.append((at.timestamp() if at is not None else time.time(), who))
+
+
 @dataclass
 class Cluster:
     client: AsyncClient
@@ -196,7 +223,7 @@ class Cluster:
                 "devices": [{"name": f"gpu-{i}"} for i in range(devices)],
             },
         }  # fmt: skip
-        await self.client.create(ResourceSlice.from_dict(body))
+        await self.client.create(ResourceSlice.from_dict(body))  # type: ignore[call-overload]
         await self.set_health(node, {f"gpu-{i}": "Healthy" for i in range(devices)})
 
     async def set_health(self, node: str, health: dict[str, str]) -> None:
@@ -219,7 +246,7 @@ class Cluster:
                     "app.kubernetes.io/managed-by": "drahealth-agent", "drahealth.io/node": node,
                 },
             }  # fmt: skip
-            await self.client.create(ConfigMap.from_dict({"metadata": meta, "data": data}))
+            await self.client.create(ConfigMap.from_dict({"metadata": meta, "data": data}))  # type: ignore[call-overload]
 
     async def holder(self) -> str:
         try:
@@ -262,6 +289,7 @@ async def cluster(policy: str, nodes: int) -> AsyncIterator[tuple[Cluster, list[
     watches = [
         asyncio.create_task(_watch_rules(client, ledger)),
         asyncio.create_task(_watch_history(client, ledger)),
+        asyncio.create_task(_watch_lease(client, ledger)),
     ]
     controllers: list[Controller] = []
     try:
@@ -269,7 +297,7 @@ async def cluster(policy: str, nodes: int) -> AsyncIterator[tuple[Cluster, list[
         c = Cluster(client, base, kubeconfig, ledger)
         for n in range(nodes):
             await c.add_node(f"node-{n}")
-        _write(f"{base}/policy.yaml", policy)
+        _write(f"{base}/policy.yaml", policy.replace("@BASE@", base))
         controllers = [
             Controller(base, kubeconfig, name, f"{base}/policy.yaml") for name in ("ctl-a", "ctl-b")
         ]
@@ -301,6 +329,17 @@ async def leader_of(c: Cluster, controllers: list[Controller], active: dict[str,
         return await until(check, "a controller to lead and sync")
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{_outputs(controllers)}") from None
+
+
+def _tracebacks(base: str) -> list[str]:
+    """Tracebacks in any controller's log, of any of its processes (none is expected)."""
+    out = []
+    for log in sorted(Path(base).glob("ctl-*.log")):
+        text = log.read_text(errors="replace")
+        at = text.find("Traceback")
+        if at >= 0:
+            out.append(f"{log.name}: {text[max(0, at - 300) : at + 1500]}")
+    return out
 
 
 def _outputs(controllers: list[Controller]) -> str:
@@ -455,6 +494,217 @@ def _history_stale(ledger: Ledger, since: float, paused: str, r: int) -> list[st
     return out
 
 
+# -- repairs across leader changes ---------------------------------------------------------
+
+#: An exec repair that records its attempts: "start DEVICE PID PPID TIME [overlap]" once it
+#: holds the device's lock (or found it held by an attempt still running: an overlap), and
+#: "end DEVICE PID TIME" when it finished. A killed attempt writes no end; its lock goes
+#: with it. A device's first attempt hangs past its timeout (3 s of 1.5 s: its controller
+#: kills it, unless that controller is paused), the others succeed in 0.8 s.
+RECORDER = """
+import fcntl, os, sys, time
+base = sys.argv[1]
+dev = os.environ["DRAHEALTH_DEVICE"]
+try:
+    with open(os.path.join(base, "repairs.log")) as f:
+        first = not any(line.split()[:2] == ["start", dev] for line in f)
+except FileNotFoundError:
+    first = True
+lock = open(os.path.join(base, "lock-" + dev.replace("/", "_")), "a")
+try:
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    busy = ""
+except BlockingIOError:
+    busy = " overlap"
+def line(text):
+    with open(os.path.join(base, "repairs.log"), "a") as f:
+        f.write(text + "\\n")
+line(f"start {dev} {os.getpid()} {os.getppid()} {time.time()}{busy}")
+time.sleep(3.0 if first else 0.8)
+line(f"end {dev} {os.getpid()} {time.time()}")
+"""
+REPAIR_TIMEOUT = 1.5  # seconds: an attempt's limit
+REPAIR_POLICY = (
+    HEAD
+    + "    repair:\n"
+    + f"      exec: {json.dumps([sys.executable, '-c', RECORDER, '@BASE@'])}\n"
+    + f"      timeout: {REPAIR_TIMEOUT:g}s\n      backoff: 0.1s\n      attempts: 5\n"
+)
+
+
+@dataclass
+class Attempt:
+    device: str
+    pid: int
+    parent: int
+    start: float
+    overlap: bool
+    end: float | None = None
+
+
+def _attempts(base: str) -> list[Attempt]:
+    """The attempts the repair command recorded, in the order they started."""
+    try:
+        text = Path(f"{base}/repairs.log").read_text()
+    except FileNotFoundError:
+        return []
+    out: dict[int, Attempt] = {}
+    for line in text.splitlines():
+        part = line.split()
+        if part[:1] == ["start"]:
+            out[int(part[2])] = Attempt(
+                part[1], int(part[2]), int(part[3]), float(part[4]), "overlap" in part
+            )
+        elif part[:1] == ["end"] and int(part[2]) in out:
+            out[int(part[2])].end = float(part[3])
+    return list(out.values())
+
+
+async def _repair_phase(c: Cluster, device: str) -> str:
+    entry = (await c.state("repairs") or {}).get(device) or {}
+    return str(entry.get("phase", ""))
+
+
+async def repair_rounds(sig: signal.Signals, rounds: int) -> None:
+    """Per round a device goes bad and its repair starts; the leader is taken out while
+    the attempt runs. Counted: attempts of one device that ran at once (overlaps),
+    attempts started by a replica not holding the Lease (stale starts), repairs that
+    never succeeded within :data:`WAIT` (lost)."""
+    async with cluster(REPAIR_POLICY, rounds) as (c, controllers):
+        leader = await leader_of(c, controllers, {})
+        lost: list[str] = []
+        times: list[float] = []
+        for r in range(rounds):
+            node = f"node-{r}"
+            device = f"{DRIVER}/{node}/gpu-0"
+            t0 = time.monotonic()
+
+            def started(device: str = device) -> int:
+                return sum(a.device == device for a in _attempts(c.base))
+
+            await c.set_health(node, {"gpu-0": "Unhealthy"})
+            await until(_async(lambda s=started: s() >= 1), f"the repair of {device} to start")
+            active = {ctl.identity: ctl.active() for ctl in controllers}
+            leader.signal(sig)
+            if sig != signal.SIGSTOP:
+                await leader.wait_exit()
+            new = await leader_of(c, controllers, active)
+            assert new is not leader
+            if sig == signal.SIGSTOP:
+                if r % 2 == 1:  # resume it while the new leader's attempt runs
+                    with contextlib.suppress(AssertionError):
+                        await until(_async(lambda s=started: s() >= 2), "a second attempt")
+                standby = leader.standby()
+                leader.signal(signal.SIGCONT)
+                await until(
+                    _async(lambda leader=leader, s=standby: leader.standby() > s),
+                    "the resumed leader to step down",
+                )
+            else:
+                await leader.start()
+            try:
+                await until(
+                    lambda device=device: _phase_is(c, device, "succeeded"),
+                    f"the repair of {device} to succeed",
+                )
+            except AssertionError as exc:
+                lost.append(f"round {r}: {exc}")
+            await c.set_health(node, {"gpu-0": "Healthy"})
+            leader = new
+            times.append(time.monotonic() - t0)
+        await asyncio.sleep(REPAIR_TIMEOUT)  # the last attempts end (or are killed)
+        attempts = _attempts(c.base)
+        identity = {pid: ctl.identity for ctl in controllers for pid in ctl.pids}
+        overlaps = [a for a in attempts if a.overlap]
+        stale = [
+            (a, identity.get(a.parent, "?"), c.ledger.holder_at(a.start))
+            for a in attempts
+            if identity.get(a.parent) != c.ledger.holder_at(a.start)
+        ]
+        print(
+            f"repairs across {sig.name}: {rounds} rounds, {len(attempts)} attempts, "
+            f"{len(overlaps)} overlaps, {len(stale)} stale starts, {len(lost)} lost, "
+            f"{sum(times) / len(times):.2f} s per round (max {max(times):.2f} s)"
+        )
+        assert not (tracebacks := _tracebacks(c.base)), "\n".join(tracebacks)
+        assert not overlaps, f"attempts that overlapped: {overlaps}\n{_outputs(controllers)}"
+        assert not stale, f"started without the Lease (attempt, by, holder): {stale}"
+        assert not lost, "\n".join(lost) + "\n" + _outputs(controllers)
+
+
+async def _phase_is(c: Cluster, device: str, phase: str) -> bool:
+    return await _repair_phase(c, device) == phase
+
+
+# -- rule writes across leader changes -----------------------------------------------------
+
+
+async def rule_rounds(sig: signal.Signals, rounds: int) -> None:
+    """Per round a device goes bad, is tainted, and recovers around the leader's exit:
+    before the signal, between the signal and the takeover, or after the takeover.
+    Counted per device (one bad episode each): a second rule while one exists
+    (duplicate), a rule created after the device recovered, a rule deleted and created
+    again (flap)."""
+    async with cluster(HEAD, rounds) as (c, controllers):
+        leader = await leader_of(c, controllers, {})
+        recovered: dict[str, float] = {}
+        times: list[float] = []
+        for r in range(rounds):
+            node = f"node-{r}"
+            t0 = time.monotonic()
+            await c.set_health(node, {"gpu-0": "Unhealthy"})
+            await until(lambda node=node: _has_rule(c, node, "gpu-0"), f"the rule for {node}/gpu-0")
+            active = {ctl.identity: ctl.active() for ctl in controllers}
+            when = r % 3  # 0: before the signal, 1: before the takeover, 2: after it
+            if when == 0:
+                recovered[node] = time.monotonic()
+                await c.set_health(node, {"gpu-0": "Healthy"})
+            leader.signal(sig)
+            if when == 1:
+                recovered[node] = time.monotonic()
+                await c.set_health(node, {"gpu-0": "Healthy"})
+            await leader.wait_exit()
+            new = await leader_of(c, controllers, active)
+            assert new is not leader
+            if when == 2:
+                recovered[node] = time.monotonic()
+                await c.set_health(node, {"gpu-0": "Healthy"})
+            await until(lambda node=node: _no_rule(c, node, "gpu-0"), f"{node}/gpu-0 untainted")
+            await leader.start()
+            leader = new
+            times.append(time.monotonic() - t0)
+        await asyncio.sleep(0.5)  # anything still sent has landed
+        events = sorted(
+            [(t, "add", node) for t, node, _dev, _by in c.ledger.created]
+            + [(t, "del", node) for t, node, _dev in c.ledger.deleted]
+        )
+        duplicate, recreated, flap = [], [], []
+        for node in recovered:
+            ops = [(t, op) for t, op, n in events if n == node]
+            live, gone = 0, False
+            for t, op in ops:
+                if op == "add":
+                    if live:
+                        duplicate.append(node)
+                    if gone:
+                        flap.append(node)
+                    if t > recovered[node] + 0.1:  # the watch's delay: 0.1 s
+                        recreated.append(node)
+                    live += 1
+                else:
+                    live, gone = max(0, live - 1), True
+        print(
+            f"rule writes across {sig.name}: {rounds} rounds, {len(duplicate)} duplicates, "
+            f"{len(recreated)} re-created after recovery, {len(flap)} flaps, "
+            f"{sum(times) / len(times):.2f} s per round (max {max(times):.2f} s)"
+        )
+        assert not (tracebacks := _tracebacks(c.base)), "\n".join(tracebacks)
+        assert not (duplicate or recreated or flap), (
+            f"duplicates {duplicate}, re-created {recreated}, flaps {flap}\n"
+            + _outputs(controllers)
+        )
+
+
 # -- the tests -----------------------------------------------------------------------------
 
 
@@ -464,6 +714,28 @@ async def test_the_breaker_counts_across_a_leader_kill() -> None:
 
 async def test_a_paused_leader_writes_nothing_when_it_resumes() -> None:
     await stale_rounds(1)
+
+
+def test_a_new_leader_waits_for_the_recorded_deadline_of_a_running_repair() -> None:
+    """The last leader's attempt started 1 s ago and may run until its deadline, 4 s
+    ahead: the next attempt is not due before it (a deadline ahead was read as now)."""
+    repair = Repair(exec=("true",), timeout=2.0)
+    engine = RemedyEngine(Policy(rules=(Rule("xid", Match(), repair=repair),)))
+    key = DeviceKey(DRIVER, "node-0", "gpu-0")
+    now = 1_800_000_000.0
+
+    def wall(t: float) -> str:
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
+
+    row = {
+        "phase": "running", "attempt": 1, "kind": "exec", "rule": "xid", "node": "node-0",
+        "since": wall(now - 1), "notBefore": wall(now - 1),
+        "deadline": wall(repair.attempt_deadline(now - 1)),
+    }  # fmt: skip
+    assert engine.care.restore({"repairs": {str(key): row}}, parse_time, now) == []
+    st = engine.care.repairs[key]
+    assert st.phase == "waiting-drain"
+    assert st.not_before == pytest.approx(repair.attempt_deadline(now - 1), abs=0.01)
 
 
 @pytest.mark.slow
@@ -477,3 +749,20 @@ async def test_the_breaker_counts_across_20_leader_changes(sig: signal.Signals) 
 @pytest.mark.timeout(900)
 async def test_a_paused_leader_writes_nothing_over_20_rounds() -> None:
     await stale_rounds(20)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("sig", SIGNALS, ids=[s.name for s in SIGNALS])
+async def test_repairs_never_overlap_across_20_leader_changes(sig: signal.Signals) -> None:
+    await repair_rounds(sig, 20)
+
+
+RULE_SIGNALS = [signal.SIGKILL, signal.SIGTERM]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("sig", RULE_SIGNALS, ids=[s.name for s in RULE_SIGNALS])
+async def test_rule_writes_across_20_leader_changes(sig: signal.Signals) -> None:
+    await rule_rounds(sig, 20)

@@ -244,6 +244,7 @@ class Aftercare:
             counted if isinstance(counted, Mapping) else {},
             clock if now is None else _bounded(clock, now),
         )
+        until = clock  # a deadline lies ahead: bounded by the attempt's own, never taken as now
         if now is not None:  # a repair is kept: its command may run, whatever its times say
             clock = _bounded(clock, now, keep=True)
         repairs = state.get("repairs") or {}
@@ -272,9 +273,10 @@ class Aftercare:
                     rule = self.policy.rule_named(st.rule)
                     timeout = rule.repair.timeout if rule and rule.repair else FALLBACK_TIMEOUT
                     latest = Repair(timeout=timeout).attempt_deadline(since)
-                    deadline = clock(value.get("deadline"))
-                    deadline = latest if deadline is None else min(deadline, latest)
-                    st.not_before = max(st.not_before, deadline)
+                    deadline = until(value.get("deadline"))
+                    if deadline is None or deadline != deadline:  # unreadable: the latest
+                        deadline = latest
+                    st.not_before = max(st.not_before, min(deadline, latest))
                     st.detail += "; not before the last attempt's deadline"
             self.repairs[key] = st
         return problems

@@ -88,6 +88,7 @@ from drahealth.kube import (
     Backoff,
     DiscoveryError,
     FencedClient,
+    LeaseLost,
     Reflector,
     ServedAPIs,
     as_dict,
@@ -302,6 +303,7 @@ class RemediationController:
         #: the rules' and node rows' records, so a restart rewrites nothing
         self._first_seen_at: dict[DeviceKey, float] = {}
         self._validating: set[DeviceKey] = set()
+        self._spawned: set[asyncio.Task[Any]] = set()  # background Events and checks
         self._impact: dict[str, str] = {}  # rule name -> last impact message written
         # burn-in gate and degraded devices: new devices, validations, Events, state keys
         self.outcomes = OutcomeReporter(
@@ -818,8 +820,20 @@ class RemediationController:
         self._spawn(self._event(ref, kind, reason, message))
 
     def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        task.add_done_callback(lambda _t: None)
+        """Run ``coro`` (an Event, a validation) in the background: held until it ends,
+        and a failure (a write refused once the Lease is lost) is one log line."""
+        name = getattr(coro, "__qualname__", "background task")
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._spawned.add(task)
+        task.add_done_callback(self._spawn_done)
+
+    def _spawn_done(self, task: asyncio.Task[Any]) -> None:
+        self._spawned.discard(task)
+        exc = None if task.cancelled() else task.exception()
+        if isinstance(exc, LeaseLost):
+            log.info("%s: %s", task.get_name(), exc)
+        elif exc is not None:
+            log.warning("%s failed: %s", task.get_name(), str(exc) or type(exc).__name__)
 
     def _facts(self, key: DeviceKey) -> DeviceFacts:
         """The device's facts from its slice; the node from its observation if need be."""
