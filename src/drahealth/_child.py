@@ -13,6 +13,10 @@ Every run
 * starts the command in a session and process group of its own, with its standard input
   closed and, on Linux, ``PR_SET_PDEATHSIG`` so the kernel kills it when the thread that
   started it dies with its process;
+* runs under GNU ``timeout`` where the machine has it (not for a command given this
+  process's standard input), which sends SIGTERM to the whole group at the deadline and
+  SIGKILL :data:`KILL_GRACE` seconds later from *inside* the group: the deadline holds
+  even while this process is paused (SIGSTOP, a frozen VM) and cannot enforce it;
 * reads its standard output and error as they come, keeping at most ``max_output`` bytes
   of each (the first and the last, :class:`Capture`) and discarding the rest, so a command
   that writes without end neither fills memory nor blocks on a full pipe;
@@ -37,6 +41,7 @@ import contextlib
 import ctypes
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -165,6 +170,35 @@ def _check(argv: Sequence[str], env: Mapping[str, str]) -> None:
             raise ChildError(f"not started: environment variable {name} {problem}")
 
 
+#: GNU coreutils' ``timeout``: it puts itself and the command in one process group and
+#: signals the whole group, so a run's deadline holds without this process's help.
+_TIMEOUT_TOOL = shutil.which("timeout")
+#: Longest timeout handed to it (longer ones are left to this process alone).
+_MAX_SELF_DEADLINE = 10**8
+
+
+def _located(argv0: str, env: Mapping[str, str]) -> None:
+    """Raise :class:`ChildError` as ``exec`` would fail for ``argv0``: a wrapped command
+    would otherwise only exit 126 or 127 from inside the wrapper."""
+    found = shutil.which(argv0, path=env.get("PATH", os.defpath)) if "/" not in argv0 else argv0
+    if found is None or not os.path.exists(found):
+        raise ChildError("could not run: No such file or directory")
+    if os.path.isdir(found) or not os.access(found, os.X_OK):
+        raise ChildError("could not run: Permission denied")
+
+
+def _self_deadline(
+    argv: Sequence[str], env: Mapping[str, str], timeout: float, kill_grace: float
+) -> list[str]:
+    """``argv`` under ``timeout``, where the machine has it and the timeout is a positive
+    number it takes; ``argv`` as it is otherwise."""
+    if _TIMEOUT_TOOL is None or not 0 < timeout < _MAX_SELF_DEADLINE:
+        return list(argv)
+    _located(argv[0], env)
+    grace = max(0.1, min(kill_grace, 3600.0))
+    return [_TIMEOUT_TOOL, "-s", "TERM", "-k", f"{grace:.3f}", f"{timeout:.3f}", *argv]
+
+
 def _pdeathsig() -> Callable[[], None] | None:
     """A ``preexec_fn`` asking the kernel to SIGKILL the child when its parent dies."""
     if not sys.platform.startswith("linux"):
@@ -224,8 +258,11 @@ def run_child(
         raise ChildError(f"not started: {MAX_CHILDREN} commands are running already")
     try:
         try:
+            command = (
+                list(argv) if stdin_inherit else _self_deadline(argv, env, timeout, kill_grace)
+            )
             proc = subprocess.Popen(
-                list(argv),
+                command,
                 env=dict(env),
                 stdin=None if stdin_inherit else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,

@@ -10,10 +10,12 @@ follows redirects.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -74,6 +76,37 @@ def _in_thread(fn: Any, within: float) -> Any:
         raise AssertionError(f"still running after {within} s") from None
     finally:
         pool.shutdown(wait=False)
+
+
+# -- a paused runner -------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not shutil.which("timeout"), reason="GNU timeout is not installed")
+async def test_the_deadline_holds_while_the_runner_is_paused(tmp_path: Path) -> None:
+    """A controller paused by SIGSTOP (or a frozen VM) cannot kill its command at the
+    deadline; the command's group must still be gone by timeout + kill grace, since the
+    next leader starts its own attempt after that (the recorded deadline)."""
+    pids = tmp_path / "pids"
+    runner = (
+        "import sys\n"
+        "from drahealth._child import run_child\n"
+        f"run_child(['sh', '-c', 'sleep 977 & echo $$ $! > {pids}; sleep 977'],"
+        " {'PATH': '/usr/bin:/bin'}, 1.0, kill_grace=0.5)\n"
+    )
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", runner, cwd=ROOT)
+    with _killed_after(pids):
+        try:
+            await eventually(
+                lambda: pids.exists() and len(pids.read_text().split()) == 2, within=20
+            )
+            os.kill(proc.pid, signal.SIGSTOP)  # the runner can no longer enforce anything
+            leftover = [int(p) for p in pids.read_text().split()]
+            # timeout 1 s + grace 0.5 s; the slack is for a loaded machine
+            await eventually(lambda: not [p for p in leftover if _alive(p)], within=15)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            await asyncio.wait_for(proc.wait(), 10)
 
 
 # -- probes ----------------------------------------------------------------------------
@@ -296,7 +329,7 @@ async def test_a_new_controller_never_starts_a_repair_while_the_last_ones_may_ru
         for proc in procs:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-            proc.wait(timeout=10)
+            await asyncio.wait_for(proc.wait(), 10)
     (pid1, start1), (_pid2, start2) = _lines(log, "start")[:2]
     assert start2 >= start1 + timeout, (
         f"the second attempt started {start2 - start1:.1f} s after the first, "
