@@ -48,6 +48,8 @@ from drahealth.cli._output import OUTPUT, Output, emit, human_age
 from drahealth.core import (
     DEFAULT_NAMESPACE,
     LABELS,
+    Consumer,
+    DeviceKey,
     agent_records,
     format_time,
     history_label,
@@ -66,6 +68,9 @@ BAD_HEALTH = frozenset({"Unhealthy", "Unknown"})
 COALESCE_SECONDS = 0.3
 #: Longest wait before a broken watch is opened again.
 MAX_RETRY_SECONDS = 10.0
+#: Namespaces whose pods and claims ``history`` reads to check pod Events (see
+#: :func:`drahealth.remedy.history_source`); Events in further namespaces are not shown.
+MAX_HOLDER_NAMESPACES = 100
 
 
 def _warn(message: str) -> None:
@@ -594,6 +599,43 @@ async def _follow(
         delay = min(MAX_RETRY_SECONDS, delay * 2)
 
 
+def _holders(
+    client: Client,
+    served: ServedAPIs,
+    device: str,
+    events: list[dict[str, Any]],
+    ctl_ns: str,
+    unserved: set[str],
+) -> list[Consumer]:
+    """The live pods holding ``device`` now, read only in the namespaces of drahealth's
+    Events about Pods outside the controller's namespace that name it (the ones that need
+    a holder), at most :data:`MAX_HOLDER_NAMESPACES` of them."""
+    from drahealth.remedy import consumers, recorded_by
+
+    namespaces = sorted(
+        {
+            str((e.get("metadata") or {}).get("namespace") or "")
+            for e in events
+            if (e.get("involvedObject") or {}).get("kind") == "Pod"
+            and mentions_device(str(e.get("message", "")), device)
+            and recorded_by(e, ctl_ns) is not None
+        }
+        - {ctl_ns, ""}
+    )
+    if len(namespaces) > MAX_HOLDER_NAMESPACES:
+        _note(
+            f"pod Events naming the device in {len(namespaces)} namespaces; only the first "
+            f"{MAX_HOLDER_NAMESPACES} are checked against the pods there"
+        )
+        namespaces = namespaces[:MAX_HOLDER_NAMESPACES]
+    pods: list[dict[str, Any]] = []
+    claims: list[dict[str, Any]] = []
+    for ns in namespaces:
+        pods += _list(client, Pod, ns)
+        claims += _list_dra(client, served, "ResourceClaim", ns, unserved)
+    return consumers(pods, claims).get(DeviceKey.parse(device), [])
+
+
 @click.command("history")
 @api_options(namespaced=False)
 @click.argument("device", metavar="DRIVER/POOL/DEVICE")
@@ -614,8 +656,8 @@ def history_command(access: Access, device: str, controller_ns: str | None, outp
         HISTORY_CONFIGMAP,
         STATE_CONFIGMAP,
         RuleError,
+        history_source,
         parse_device,
-        recorded_by,
     )
 
     try:
@@ -669,25 +711,23 @@ def history_command(access: Access, device: str, controller_ns: str | None, outp
                         f"no access to configmap {ctl_ns}/{HISTORY_CONFIGMAP} "
                         f"({exc.status.message}): the controller's actions not shown"
                     )
-            for e in _list(client, Event, None):
-                if recorded_by(e, ctl_ns) is None:
-                    continue  # only drahealth's own Events (see recorded_by)
-                if mentions_device(str(e.get("message", "")), key):
-                    obj = e.get("involvedObject") or {}
-                    component = (e.get("source") or {}).get("component", "")
-                    rows.append(
-                        {
-                            "time": _stamp(
-                                e.get("lastTimestamp")
-                                or e.get("eventTime")
-                                or e.get("firstTimestamp")
-                            ),
-                            "source": f"{component} on {obj.get('kind', '')}/{obj.get('name', '')}",
-                            "what": e.get("reason", ""),
-                            "label": e.get("reason", ""),
-                            "message": e.get("message", ""),
-                        }
-                    )
+            events = _list(client, Event, None)
+            holders = _holders(client, served, key, events, ctl_ns, unserved)
+            for e in events:
+                source = history_source(e, key, ctl_ns, holders)
+                if source is None:
+                    continue  # not drahealth's word on this device (see history_source)
+                rows.append(
+                    {
+                        "time": _stamp(
+                            e.get("lastTimestamp") or e.get("eventTime") or e.get("firstTimestamp")
+                        ),
+                        "source": source,
+                        "what": e.get("reason", ""),
+                        "label": e.get("reason", ""),
+                        "message": e.get("message", ""),
+                    }
+                )
     finally:
         client.close()
     machine = output.machine

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
         remove_taints,
     )
     from drahealth.remedy._policy_load import load_policy, parse_policy
-    from drahealth.remedy._provenance import recorded_by
+    from drahealth.remedy._provenance import history_source, recorded_by
     from drahealth.remedy._rules import (
         CONTROLLER_LABEL,
         DEFAULT_TAINT_KEY,
@@ -74,6 +74,7 @@ _EXPORTS: dict[str, str] = {
     "apply_taint": "drahealth.remedy._operator",
     "UnpublishedDevice": "drahealth.remedy._operator",
     "check_device": "drahealth.remedy._operator",
+    "history_source": "drahealth.remedy._provenance",
     "recorded_by": "drahealth.remedy._provenance",
     "names_device": "drahealth.remedy._operator",
     "remove_taints": "drahealth.remedy._operator",
@@ -126,6 +127,7 @@ __all__ = [
     "created_by",
     "device_facts",
     "device_taints",
+    "history_source",
     "is_ours",
     "load_policy",
     "names_device",

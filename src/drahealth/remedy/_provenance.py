@@ -19,15 +19,21 @@ controller's. An Event counts as drahealth's only when all of these hold:
   device-health reasons (:data:`AGENT_POD_REASONS`).
 
 So a tenant can at most forge an eviction or health Event about its *own* pod, in its
-own namespace, which says nothing about anyone else's pod or device history beyond what
-it could already say. Pure (dicts in, answer out).
+own namespace. Such an Event is only a claim by that namespace, so a device's history
+(:func:`history_source`, for ``drahealth history`` and the dashboard alike) takes it
+only for a device that pod holds now (an allocation result of one of its claims), and
+shows the pod, not the controller or agent, as its source; the controller's own word is
+its history ConfigMap and its Events in its namespace, which tenants cannot write. A
+tenant thus says nothing about anyone else's pod or device history. Pure (dicts in,
+answer out).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, Literal
 
+from drahealth.core import Consumer, mentions_device
 from drahealth.kube import AGENT_COMPONENT, CONTROLLER_COMPONENT
 
 __all__ = [
@@ -35,6 +41,7 @@ __all__ = [
     "AGENT_POD_REASONS",
     "CONTROLLER_COMPONENT",
     "CONTROLLER_POD_REASONS",
+    "history_source",
     "recorded_by",
 ]
 
@@ -77,3 +84,40 @@ def recorded_by(event: Mapping[str, Any], controller_namespace: str | None) -> W
     if controller_namespace is not None and namespace == controller_namespace:
         return "controller"
     return "controller" if pod_event and reason in CONTROLLER_POD_REASONS else None
+
+
+def history_source(
+    event: Mapping[str, Any],
+    device: str,
+    controller_namespace: str | None,
+    holders: Iterable[Consumer],
+) -> str | None:
+    """The source to show ``event`` under in ``device``'s history, or None where it is
+    not part of that history.
+
+    ``device`` is ``DRIVER/POOL/DEVICE``; ``holders`` are the live pods whose claims
+    hold it now (:func:`drahealth.remedy.consumers`). The Event must be drahealth's
+    (:func:`recorded_by`) and its message must name ``device``. The controller's Events
+    in its own namespace are its word (``"<component> on <Kind>/<name>"``); any other
+    is an Event about a Pod in that Pod's namespace, which that namespace could have
+    written: it counts only where the Pod (same name, and same uid where the Event names
+    one) is among ``holders``, and its source is the Pod (``"pod <ns>/<name> (Event in
+    <ns>)"``), so a claim is never shown as the controller's record.
+    """
+    writer = recorded_by(event, controller_namespace)
+    if writer is None or not mentions_device(_text(event.get("message")), device):
+        return None
+    meta = event.get("metadata")
+    namespace = _text(meta.get("namespace")) if isinstance(meta, Mapping) else ""
+    obj = event.get("involvedObject") or event.get("regarding")
+    obj = obj if isinstance(obj, Mapping) else {}
+    kind, name = _text(obj.get("kind")), _text(obj.get("name"))
+    if writer == "controller" and namespace == controller_namespace:
+        source = event.get("source")
+        component = _text(source.get("component")) if isinstance(source, Mapping) else ""
+        return f"{component} on {kind}/{name}"
+    uid = _text(obj.get("uid"))
+    for pod in holders if kind == "Pod" else ():
+        if (pod.namespace, pod.name) == (namespace, name) and (not uid or uid == pod.uid):
+            return f"pod {namespace}/{name} (Event in {namespace})"
+    return None

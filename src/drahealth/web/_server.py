@@ -9,6 +9,8 @@ change only what changed (``event: delta``: ``seq``, the devices ``set`` (each w
 counts ``sample`` and ``sampleReplaces``, true when it takes the last one's place),
 coalesced; a comment every 15 s keeps proxies from closing it.
 ``/api/history?device=DRIVER/POOL/DEVICE`` the device's controller actions and Events,
+each row with its ``source`` (the controller's own records, or the pod whose namespace
+wrote the Event: see :func:`~drahealth.remedy.history_source`),
 ``/api/timeline?device=DRIVER/POOL/DEVICE`` its health timeline (see
 :class:`~._timeline.Timeline`: bounded per device, in devices and in samples), and
 ``/healthz``. The page's filters live in the URL's fragment, which browsers never send:
@@ -86,8 +88,8 @@ from drahealth.remedy import (
     RuleAPIUnavailable,
     RuleError,
     apply_taint,
+    history_source,
     parse_device,
-    recorded_by,
     remove_taints,
 )
 from drahealth.web._state import (
@@ -642,17 +644,22 @@ class Dashboard:
                 if mentions_device(subject, device) or mentions_device(message, device):
                     action = str(h.get("action", ""))
                     rows.append({"time": h.get("time", ""), "what": history_label(action),
-                                 "action": action, "message": message})  # fmt: skip
+                                 "action": action, "message": message,
+                                 "source": f"controller {h.get('by', '')}"})  # fmt: skip
         except (ApiError, ValueError):
             pass
         try:
+            holders = self.model.consumers(DeviceKey.parse(device))
+        except ValueError:
+            holders = []
+        try:
             async for e in self.client.list(Event, namespace="*"):
-                if recorded_by(as_dict(e), self.history_namespace) is None:
-                    continue  # only drahealth's own Events (see recorded_by)
-                if mentions_device(e.message or "", device):
-                    when = e.lastTimestamp or e.firstTimestamp
-                    rows.append({"time": when.isoformat() if when else "", "what": e.reason or "",
-                                 "message": e.message or ""})  # fmt: skip
+                source = history_source(as_dict(e), device, self.history_namespace, holders)
+                if source is None:
+                    continue  # not drahealth's word on this device (see history_source)
+                when = e.lastTimestamp or e.firstTimestamp
+                rows.append({"time": when.isoformat() if when else "", "what": e.reason or "",
+                             "message": e.message or "", "source": source})  # fmt: skip
         except ApiError:
             pass
         rows.sort(key=lambda r: str(r["time"]))

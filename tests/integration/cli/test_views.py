@@ -277,7 +277,7 @@ async def test_history_merges_controller_actions_and_events(
     )
     assert out.returncode == 0, out.stderr
     assert [(r["what"], r["source"]) for r in json.loads(out.stdout)] == [
-        ("DeviceUnhealthy", "drahealth-agent on Pod/train"),
+        ("DeviceUnhealthy", "pod ml/train (Event in ml)"),  # a claim by its namespace
         ("create", "controller ctl-a"),
     ]
     bad = await asyncio.to_thread(run, "history", "--kubeconfig", kubeconfig, "gpu-1")
