@@ -199,8 +199,10 @@ def _self_deadline(
     return [_TIMEOUT_TOOL, "-s", "TERM", "-k", f"{grace:.3f}", f"{timeout:.3f}", *argv]
 
 
-def _pdeathsig() -> Callable[[], None] | None:
-    """A ``preexec_fn`` asking the kernel to SIGKILL the child when its parent dies."""
+def _pdeathsig(sig_number: signal.Signals = signal.SIGKILL) -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking the kernel to send ``sig_number`` to the child when its
+    parent dies (SIGTERM for the ``timeout`` wrapper, which then ends the whole group:
+    a SIGKILL would end the wrapper alone and leave the command running)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -208,7 +210,7 @@ def _pdeathsig() -> Callable[[], None] | None:
     except (OSError, AttributeError):
         return None
     parent = os.getpid()
-    sig = ctypes.c_ulong(int(signal.SIGKILL))
+    sig = ctypes.c_ulong(int(sig_number))
     option = ctypes.c_int(_PR_SET_PDEATHSIG)
 
     def preexec() -> None:
@@ -261,6 +263,8 @@ def run_child(
             command = (
                 list(argv) if stdin_inherit else _self_deadline(argv, env, timeout, kill_grace)
             )
+            wrapped = len(command) > len(argv)
+            on_parent_death = signal.SIGTERM if wrapped else signal.SIGKILL
             proc = subprocess.Popen(
                 command,
                 env=dict(env),
@@ -269,7 +273,7 @@ def run_child(
                 stderr=subprocess.PIPE,
                 start_new_session=True,
                 close_fds=True,
-                preexec_fn=_pdeathsig() if die_with_parent else None,
+                preexec_fn=_pdeathsig(on_parent_death) if die_with_parent else None,
             )
         except OSError as exc:
             raise ChildError(f"could not run: {exc.strerror or exc}") from None

@@ -329,7 +329,7 @@ async def test_a_new_controller_never_starts_a_repair_while_the_last_ones_may_ru
         for proc in procs:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-            await asyncio.wait_for(proc.wait(), 10)
+            proc.wait(timeout=10)
     (pid1, start1), (_pid2, start2) = _lines(log, "start")[:2]
     assert start2 >= start1 + timeout, (
         f"the second attempt started {start2 - start1:.1f} s after the first, "

@@ -519,7 +519,17 @@ except BlockingIOError:
 def line(text):
     with open(os.path.join(base, "repairs.log"), "a") as f:
         f.write(text + "\\n")
-line(f"start {dev} {os.getpid()} {os.getppid()} {time.time()}{busy}")
+def controller_pid():
+    # the controller that started this attempt: the parent, or the parent's parent when
+    # the parent is the timeout wrapper the child runner puts commands under
+    pid = os.getppid()
+    with open(f"/proc/{pid}/comm") as f:
+        wrapper = f.read().strip() == "timeout"
+    if wrapper:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rpartition(")")[2].split()[1])
+    return pid
+line(f"start {dev} {os.getpid()} {controller_pid()} {time.time()}{busy}")
 time.sleep(3.0 if first else 0.8)
 line(f"end {dev} {os.getpid()} {time.time()}")
 """
