@@ -16,8 +16,9 @@ out (SIGKILL, SIGTERM, or SIGSTOP and later SIGCONT) at the worst moment:
   rule created for the recovered device, any rule or history row written by the paused
   process once the new leader took over, or a history row that disappears.
 
-Counts and the time per round are printed. One round of the leader kill and one of the
-pause run in the default suite; ``@pytest.mark.slow`` runs 20 each.
+Counts and the time per round are printed. These run in CI's slow step (one round of the
+leader kill and of the pause as a quick check, then 20 rounds each); the default suite
+keeps the single-process checks.
 """
 
 from __future__ import annotations
@@ -718,10 +719,12 @@ async def rule_rounds(sig: signal.Signals, rounds: int) -> None:
 # -- the tests -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_the_breaker_counts_across_a_leader_kill() -> None:
     await breaker_rounds(signal.SIGKILL, 1)
 
 
+@pytest.mark.slow
 async def test_a_paused_leader_writes_nothing_when_it_resumes() -> None:
     await stale_rounds(1)
 
