@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import stat
 import sys
 import time
@@ -183,3 +184,16 @@ async def test_a_plugin_failing_is_run_once_for_a_burst_of_refused_requests(
     assert all(isinstance(r, httpx2.TransportError) for r in results), results
     assert all("exited with 3" in str(r) for r in results)
     assert _runs(count) <= 4, _runs(count)  # before: one run per request (21)
+
+
+@pytest.mark.timeout(20)
+def test_a_fifo_in_place_of_the_policy_file_is_refused_at_once(tmp_path: Path) -> None:
+    """The policy is read like every file others may replace: a FIFO without a writer
+    is refused when it is opened, never waited on."""
+    from drahealth.remedy import load_policy
+    from drahealth.remedy._policy_load import PolicyError
+
+    fifo = tmp_path / "policy.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(PolicyError, match="not a regular file"):
+        load_policy(str(fifo))

@@ -33,6 +33,7 @@ from typing import IO, Any
 import msgspec
 
 from drahealth._durable import atomic_write, checksummed_line, read_checksummed_line
+from drahealth._files import file_kind, open_nonblocking
 
 JSON = dict[str, Any]
 State = dict[str, dict[tuple[str, str], JSON]]
@@ -91,19 +92,6 @@ def save(path: Path, rv: int, objects: Mapping[str, Collection[JSON]]) -> int:
 # --------------------------------------------------------------------------- reading
 
 
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
 def open_regular(path: Path, what: str) -> tuple[IO[bytes], int] | None:
     """``path`` opened for reading and its size, or None when nothing is there.
 
@@ -113,7 +101,7 @@ def open_regular(path: Path, what: str) -> tuple[IO[bytes], int] | None:
     that is not mounted: starting empty would lose it).
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd, info = open_nonblocking(path)
     except FileNotFoundError:
         if os.path.islink(path):
             raise DataFileError(
@@ -123,9 +111,8 @@ def open_regular(path: Path, what: str) -> tuple[IO[bytes], int] | None:
     except OSError as e:
         raise DataFileError(f"{path}: cannot read {what}: {e}") from e
     try:
-        info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise DataFileError(f"{path}: {what} is {_kind(info.st_mode)}, not a regular file")
+            raise DataFileError(f"{path}: {what} is {file_kind(info.st_mode)}, not a regular file")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb"), info.st_size
     except BaseException:

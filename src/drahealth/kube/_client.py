@@ -25,6 +25,7 @@ import yaml
 from lightkube import AsyncClient, Client, ConfigError, KubeConfig, SingleConfig
 from lightkube.config.models import Cluster, Context, User
 
+from drahealth._files import NotARegularFile, read_regular
 from drahealth._yaml import YAMLLimits, load_bounded
 from drahealth.kube._credentials import ExecSource, RefreshingBearerAuth, TokenFileSource
 from drahealth.kube._exec_credential import ExecCredentialError, check_token, exec_credential
@@ -266,14 +267,12 @@ def read_bounded(path: Path, limit: int, what: str) -> bytes:
     """The bytes of the regular file ``path`` (at most ``limit``); OSError for a missing
     file (IsADirectoryError for a directory), ValueError naming ``what`` for anything
     else. Opened without blocking, so a FIFO or a device is refused, not waited on."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with open(fd, "rb") as f:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
-        if not stat.S_ISREG(mode):
-            raise ValueError(f"{what} {path} is not a regular file")
-        data = f.read(limit + 1)
+    try:
+        data, _ = read_regular(path, limit)
+    except NotARegularFile as exc:
+        if exc.kind == "a directory":
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path)) from None
+        raise ValueError(f"{what} {path} is not a regular file") from None
     if len(data) > limit:
         raise ValueError(f"{what} {path} is larger than {limit} bytes")
     return data

@@ -12,14 +12,13 @@ is linear in the message. See docs/policy.md for the format.
 from __future__ import annotations
 
 import math
-import os
 import re
-import stat
 from typing import Any, Literal
 
 import msgspec
 import yaml
 
+from drahealth._files import NotARegularFile, read_regular
 from drahealth._yaml import YAMLLimits, load_bounded
 from drahealth.core import (
     DEFAULT_NODE_TAINT_KEY,
@@ -229,10 +228,9 @@ POLICY_YAML = YAMLLimits(max_chars=MAX_POLICY_BYTES, max_depth=48, max_aliases=2
 def load_policy(path: str) -> Policy:
     """Read and validate the policy file at ``path`` (at most :data:`MAX_POLICY_BYTES`)."""
     try:
-        with open(path, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise PolicyError(f"{path}: not a regular file")
-            data = f.read(MAX_POLICY_BYTES + 1)
+        data, _ = read_regular(path, MAX_POLICY_BYTES)  # a FIFO is refused, not waited on
+    except NotARegularFile:
+        raise PolicyError(f"{path}: not a regular file") from None
     except OSError as exc:
         raise PolicyError(f"{path}: cannot read: {exc.strerror or exc}") from exc
     if len(data) > MAX_POLICY_BYTES:

@@ -84,6 +84,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from drahealth._files import file_kind
 from drahealth._text import printable
 from drahealth.core import (
     APPLICATION_XIDS,
@@ -338,20 +339,6 @@ class _Budget:
         return lines_read < self.lines and self.bytes > 0 and time.monotonic() < self.deadline
 
 
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISCHR, "character device"),
-        (stat.S_ISFIFO, "FIFO"),
-        (stat.S_ISSOCK, "socket"),
-        (stat.S_ISDIR, "directory"),
-        (stat.S_ISBLK, "block device"),
-        (stat.S_ISREG, "regular file"),
-    ):
-        if test(mode):
-            return name
-    return "special file"
-
-
 class _KmsgReader:
     """Records of a /dev/kmsg-like character device, non-blocking."""
 
@@ -376,7 +363,7 @@ class _KmsgReader:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISCHR(mode):
             os.close(fd)
-            raise OSError(f"{self.path}: not a character device like /dev/kmsg (a {_kind(mode)})")
+            raise OSError(f"{self.path}: not a character device like /dev/kmsg ({file_kind(mode)})")
         if not self.from_start:
             os.lseek(fd, 0, os.SEEK_END)
         self.from_start = False  # a reopen after an error goes on from the end
@@ -470,7 +457,7 @@ class _FileFollower:
             if not self.opened_once:
                 self.appeared = True  # the regular file that comes is read from its start
             raise OSError(
-                f"{self.path}: not a regular file (a {_kind(st.st_mode)}); waiting for one"
+                f"{self.path}: not a regular file ({file_kind(st.st_mode)}); waiting for one"
             )
         self.fd, self.ident = fd, (st.st_dev, st.st_ino)
         self.buf.clear()

@@ -25,12 +25,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from drahealth._child import ChildError, run_child
+from drahealth._files import NotARegularFile, read_regular
 from drahealth.core import DeviceReport, Health
 
 __all__ = [
@@ -194,31 +194,15 @@ def read_probe_file(path: str) -> tuple[Any, float]:
     """The JSON of the probe file at ``path`` (at most :data:`MAX_PROBE_FILE_BYTES`) and
     its modification time; :class:`ProbeFileError` names what is wrong."""
     try:
-        # never blocks: O_NONBLOCK opens a FIFO without a writer at once, and only a
-        # regular file (checked on what was opened, not on the path) is read
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        # never blocks, and only a regular file (checked on what was opened) is read
+        raw, st = read_regular(path, MAX_PROBE_FILE_BYTES)
     except FileNotFoundError:
         raise ProbeFileError(f"probe file {path} does not exist") from None
+    except NotARegularFile:
+        raise ProbeFileError(f"probe file {path} is not a regular file") from None
     except OSError as exc:
         raise ProbeFileError(f"probe file {path} cannot be read: {exc.strerror or exc}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ProbeFileError(f"probe file {path} is not a regular file")
-        mtime = st.st_mtime
-        chunks: list[bytes] = []
-        left = MAX_PROBE_FILE_BYTES + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        raw = b"".join(chunks)
-    except OSError as exc:
-        raise ProbeFileError(f"probe file {path} cannot be read: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
+    mtime = st.st_mtime
     if len(raw) > MAX_PROBE_FILE_BYTES:
         raise ProbeFileError(f"probe file {path} is larger than {MAX_PROBE_FILE_BYTES} bytes")
     try:
