@@ -29,7 +29,7 @@ import httpx2
 from lightkube import ApiError, SingleConfig
 from lightkube.config.models import User
 
-from drahealth.kube import DEFAULT_TIMEOUT, KubeConfigError, load_config
+from drahealth.kube import DEFAULT_TIMEOUT, TRANSPORT_ERRORS, KubeConfigError, load_config
 
 __all__ = ["EXIT_ERROR", "CommandError", "api_failures", "explain", "load_checked"]
 
@@ -142,7 +142,7 @@ def api_failures(
         raise click.BadParameter(str(exc), param_hint=hint) from exc
     except ApiError as exc:
         raise CommandError((f"{what}: " if what else "") + _api_error(exc)) from exc
-    except (httpx2.TransportError, ssl.SSLError, ConnectionError) as exc:
+    except TRANSPORT_ERRORS as exc:
         try:
             server = load_config(kubeconfig, context=context).cluster.server
         except Exception:

@@ -150,6 +150,7 @@ def seed_fleet(server: APIServer, nodes: int = 1000) -> Fleet:
                    "would violate the pod's disruption budget.",
         "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
         "source": {"component": "drahealth-controller"},
+        "reportingComponent": "drahealth-controller", "reportingInstance": "controller-0",
     }, opts)  # fmt: skip
     return fleet
 

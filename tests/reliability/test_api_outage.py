@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import httpx2
 import pytest
 from lightkube import ApiError, AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
@@ -36,8 +37,9 @@ from tests.integration.driver.test_sample_driver import (
     launch,
     processes,
 )
+from tests.integration.kube.conftest import api_server_options, client
 
-__all__ = ["base", "launch", "processes"]
+__all__ = ["api_server_options", "base", "client", "launch", "processes"]
 
 pytestmark = pytest.mark.timeout(120)
 OUTAGE = 30.0  # seconds the API server is down
@@ -119,3 +121,43 @@ async def _record_is(client: AsyncClient, health: str) -> bool:
 async def _rules(client: AsyncClient, count: int) -> bool:
     rules = [r async for r in client.list(DeviceTaintRule)]
     return len(rules) == count
+
+
+async def test_a_connection_reset_mid_round_restarts_the_round_and_loses_nothing(
+    client: AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transport error escaping a write (the server reset the connection as the rule
+    was created) once ended ``run()``: the controller stopped for good. It now starts
+    the round again from the API and the fault is still acted on, once."""
+    from tests.integration.remedy.test_controller import policy, rules, set_health
+
+    create = client.create
+    resets: list[str] = []
+
+    async def reset_once(obj: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(obj, DeviceTaintRule) and not resets:
+            resets.append(str(obj.metadata.name if obj.metadata else ""))
+            raise httpx2.ReadError("connection reset by peer")
+        return await create(obj, *args, **kwargs)
+
+    monkeypatch.setattr(client, "create", reset_once)
+    await set_health(client, gpu_0="Healthy")
+    controller = RemediationController(client, policy(RULES), identity="c")
+    task = asyncio.create_task(controller.run())
+    try:
+        await set_health(client, gpu_0=("Unhealthy", "XID 79"))
+        await until(lambda: _rules(client, 1), 20, "the taint rule after the reset")
+        assert resets, "the reset was never injected"
+        assert not task.done(), task
+        await asyncio.sleep(1.0)
+        assert len(await rules(client)) == 1
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+RULES = """- name: xid
+  match: {driver: gpu.example.com, message: XID}
+  action: {effect: NoSchedule}
+"""

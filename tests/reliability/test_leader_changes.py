@@ -164,10 +164,16 @@ class Ledger:
     holders: list[tuple[float, str]] = field(default_factory=list)
 
     def holder_at(self, when: float) -> str:
-        """Who held the Lease at wall time ``when``, by the transitions watched."""
-        held = ""
-        for t, who in sorted(self.holders):
-            if t > when:
+        """Who held the Lease at wall time ``when``, by the transitions watched.
+
+        Taken in the order the watch delivered them (the API server's order), not by
+        their times: a candidate stamps acquireTime before it reads the Lease, so it can
+        fall before the renewTime of the release it followed. A transition took effect no
+        earlier than the one before it."""
+        held, latest = "", 0.0
+        for t, who in self.holders:
+            latest = max(latest, t)
+            if latest > when:
                 break
             held = who
         return held

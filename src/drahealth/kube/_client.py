@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import ssl
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,6 +36,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "EMBEDDED_TOKEN",
     "SERVICE_ACCOUNT_DIR",
+    "TRANSPORT_ERRORS",
     "KubeConfigError",
     "embedded_kubeconfig",
     "load_config",
@@ -47,6 +49,13 @@ __all__ = [
 #: Default per-request timeout in seconds (connect/read/write/pool). Watches have no
 #: read timeout (lightkube disables it); the reflector bounds them itself.
 DEFAULT_TIMEOUT = 10.0
+#: What a request raises when the API server could not be talked to at all (refused,
+#: reset, timed out, TLS), as opposed to an answer (lightkube's ApiError).
+TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
+    httpx2.TransportError,
+    ssl.SSLError,
+    ConnectionError,
+)
 #: Where Kubernetes mounts the pod's service account.
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 #: The last-resort kubeconfig location.

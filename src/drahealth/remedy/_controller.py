@@ -85,6 +85,7 @@ from drahealth.core import (
 )
 from drahealth.kube import (
     CONTROLLER_COMPONENT,
+    TRANSPORT_ERRORS,
     Backoff,
     DiscoveryError,
     FencedClient,
@@ -319,11 +320,27 @@ class RemediationController:
     async def run(self) -> None:
         """The leader's work until cancelled; rounds restart after a rediscovery."""
         backoff = Backoff(1.0, 60.0)
+        lost = Backoff(0.5, 30.0)
         while True:
-            before = self.served
+            before, began = self.served, self._clock()
             try:
                 await self._round()
                 return
+            except TRANSPORT_ERRORS as exc:
+                if self._clock() - began > 60.0:
+                    lost.reset()  # a round that ran a while: a new outage, not the same
+                # the API server went away mid-round (reset, refused, timed out): what
+                # this round holds in memory may be half-applied, so start again from
+                # the API once it answers, as a new leader would, without giving up
+                # the Lease for a blip
+                delay = lost.next()
+                log.warning(
+                    "talking to the API server failed (%s: %s); restarting in %.1f s",
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                )
+                await asyncio.sleep(delay)
             except _Rediscover as exc:
                 self.served = await self._discover()
                 if before is not None and self.served.versions == before.versions:
