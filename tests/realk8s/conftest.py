@@ -1,0 +1,52 @@
+"""Fixtures for the real-cluster suite: one real control plane per test session.
+
+The release comes from ``DRAHEALTH_K8S_VERSION`` (default 1.37) and the gate set from
+``DRAHEALTH_K8S_GATES`` (``default`` or ``taints``). Where that release is not built here
+(no Go, or ``scripts/realk8s build`` not run) every test skips with that reason; with
+``DRAHEALTH_REALK8S_REQUIRED=1`` (CI's real-cluster step) it fails instead, so the step
+cannot pass by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from lightkube import AsyncClient
+
+from drahealth.kube import make_client
+from tests.realk8s.harness import Cluster, HarnessError, down, not_built_reason, resolve_version
+from tests.realk8s.harness import up as start
+
+
+@pytest.fixture(scope="session")
+def real_cluster() -> Iterator[Cluster]:
+    version = resolve_version(None)
+    gates = os.environ.get("DRAHEALTH_K8S_GATES", "default")
+    reason = not_built_reason(version)
+    if reason is not None:
+        if os.environ.get("DRAHEALTH_REALK8S_REQUIRED") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    directory = tempfile.mkdtemp(prefix=f"realk8s-{version}-", dir="/tmp")
+    try:
+        cluster = start(version, directory, gates=gates, say=lambda _m: None)
+    except HarnessError as exc:
+        shutil.rmtree(directory, ignore_errors=True)
+        pytest.fail(f"the real control plane did not start: {exc}")
+    try:
+        yield cluster
+    finally:
+        down(cluster, remove=os.environ.get("DRAHEALTH_REALK8S_KEEP") != "1")
+
+
+@pytest.fixture
+async def real_client(real_cluster: Cluster) -> AsyncIterator[AsyncClient]:
+    client = make_client(kubeconfig=real_cluster.kubeconfig)
+    try:
+        yield client
+    finally:
+        await client.close()
