@@ -56,6 +56,8 @@ RELEASES: dict[str, str] = {
 }
 DEFAULT_VERSION = "1.37"
 COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+#: Built beside them: the client operators compare drahealth's views with.
+CLIENTS = ("kubectl",)
 #: Gates, runtime-config per minor when the device-taint gates are asked for ("taints").
 #: DeviceTaintRule is resource.k8s.io/v1alpha3 on 1.34/1.35, v1beta2 on 1.36, v1 on 1.37;
 #: the allocatedResourcesStatus field is kept only with ResourceHealthStatus on.
@@ -123,7 +125,7 @@ def built(version: str) -> bool:
     """True where :func:`build` finished for ``version`` (its stamp and every binary)."""
     bins = bin_dir(version)
     stamp = bins / "BUILT"
-    return stamp.is_file() and all((bins / n).is_file() for n in (*COMPONENTS, "etcd"))
+    return stamp.is_file() and all((bins / n).is_file() for n in (*COMPONENTS, *CLIENTS, "etcd"))
 
 
 def not_built_reason(version: str) -> str | None:
@@ -250,16 +252,19 @@ def build(version: str, *, say: Any = print) -> Path:
     )  # fmt: skip
     bins.mkdir(parents=True, exist_ok=True)
     (bins / "BUILT").unlink(missing_ok=True)
-    for target, name in [(f"k8s.io/kubernetes/cmd/{c}", c) for c in COMPONENTS] + [
-        ("./cmd/etcd", "etcd")
-    ]:
+    targets = [(f"k8s.io/kubernetes/cmd/{c}", c) for c in (*COMPONENTS, *CLIENTS)]
+    for target, name in [*targets, ("./cmd/etcd", "etcd")]:
+        if (bins / name).is_file():  # written under another name, then renamed: whole
+            say(f"{version}: {name} is there already")
+            continue
         t1 = time.monotonic()
         say(f"{version}: building {name}")
         _run(
             ["go", "build", "-p", "2", "-trimpath", "-tags", "selinux,notest",
-             "-ldflags", f"-s -w {stamp}", "-o", str(bins / name), target],
+             "-ldflags", f"-s -w {stamp}", "-o", str(bins / f"{name}.partial"), target],
             cwd=src, env=env, timeout=BUILD_TIMEOUT_S, what=f"building {name} {version}",
         )  # fmt: skip
+        os.replace(bins / f"{name}.partial", bins / name)
         say(f"{version}: {name} built in {time.monotonic() - t1:.0f} s")
     (bins / "BUILT").write_text(
         json.dumps({"version": version, "seconds": round(time.monotonic() - t0)}) + "\n"
