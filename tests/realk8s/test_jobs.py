@@ -1,0 +1,194 @@
+"""A Job with ``podFailurePolicy`` on the real Job controller, claims from a template on
+the real resourceclaim controller, and a device fault in the middle.
+
+The Job allows no failure (``backoffLimit: 0``) but ignores pods that failed with the
+``DisruptionTarget`` condition. The real resourceclaim controller makes the pod's claim from
+its ResourceClaimTemplate, the real scheduler allocates it, the agent (kubelet mode) runs
+the pod. A fault on its device: drahealth's DeviceTaintRule (NoExecute, mode ``delete``),
+the real device-taint eviction controller marks the pod ``DisruptionTarget`` and deletes
+it, the agent ends it Failed, the real Job controller does not count that failure and
+starts a replacement, which the real scheduler puts on another device. Where the release
+serves no DeviceTaintRule the controller evicts through the Eviction API itself, which
+marks the pod the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import pytest
+from lightkube import ApiError, AsyncClient
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.batch_v1 import Job
+from lightkube.resources.core_v1 import Namespace, Pod
+
+from drahealth.kube import resource_class
+from drahealth.remedy._controller import RemediationController
+from drahealth.remedy._policy_load import parse_policy
+from tests.integration.driver.test_sample_driver import inject
+from tests.realk8s.harness import Cluster
+from tests.realk8s.test_story import (
+    DRIVER,
+    POLICY,
+    _device_class,
+    base,
+    expected_rules_version,
+    node_with_driver,
+    say,
+    served,
+    until,
+)
+
+__all__ = ["base"]
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.realk8s]
+NS = "jobs"
+
+
+async def _claim_device(client: AsyncClient, claim_cls: Any, pod: Pod) -> str:
+    """The device allocated to the pod's claim (named in its resourceClaimStatuses)."""
+    statuses = (pod.status.resourceClaimStatuses or []) if pod.status else []
+    if not statuses or not statuses[0].resourceClaimName:
+        return ""
+    claim = await client.get(claim_cls, statuses[0].resourceClaimName, namespace=NS)
+    alloc = claim.status.allocation if claim.status else None
+    if alloc is None or alloc.devices is None or not alloc.devices.results:
+        return ""
+    return str(alloc.devices.results[0].device)
+
+
+async def _job_pods(client: AsyncClient) -> list[Pod]:
+    return [p async for p in client.list(Pod, namespace=NS, labels={"job-name": "train"})]
+
+
+async def test_a_job_ignores_the_device_taint_eviction_and_replaces_the_pod(
+    real_cluster: Cluster, real_client: AsyncClient, base: str
+) -> None:
+    client = real_client
+    apis = await served(client)
+    claim_cls = apis.resource("ResourceClaim") or resource_class("ResourceClaim", "v1")
+    template_cls = apis.resource("ResourceClaimTemplate") or resource_class(
+        "ResourceClaimTemplate", "v1"
+    )
+    node = "job-node"
+    with contextlib.suppress(ApiError):
+        await client.create(Namespace(metadata=ObjectMeta(name=NS)))
+    async with node_with_driver(base, real_cluster, node) as (_agent, driver):
+        await until(lambda: _node_ready(client, node), 60, "the Node Ready")
+        await _device_class(client, apis)
+        await client.create(
+            template_cls.from_dict(
+                {
+                    "metadata": {"name": "one-gpu", "namespace": NS},
+                    "spec": {
+                        "spec": {
+                            "devices": {
+                                "requests": [
+                                    {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}
+                                ]
+                            }
+                        }
+                    },
+                }
+            )
+        )
+        await client.create(Job.from_dict(_job(node)))
+        t0 = time.monotonic()
+
+        async def first_running() -> tuple[str, str]:
+            for pod in await _job_pods(client):
+                if pod.status and pod.status.phase == "Running" and pod.metadata:
+                    device = await _claim_device(client, claim_cls, pod)
+                    return (str(pod.metadata.name), device) if device else ("", "")
+            return "", ""
+
+        first, bad = await until(
+            lambda: _truthy_pair(first_running()), 60, "the Job's pod Running on its claim"
+        )
+        say(real_cluster, "Job pod: claim from template, allocated, Running",
+            time.monotonic() - t0)  # fmt: skip
+
+        mode = "delete" if expected_rules_version(real_cluster) is not None else "evict"
+        policy = parse_policy(POLICY.format(mode=mode), "p")
+        controller = RemediationController(client, policy, identity="jobs")
+        ctl = asyncio.create_task(controller.run())
+        try:
+            t0 = time.monotonic()
+            rc = await inject(driver.state, bad, "unhealthy", "--message", "XID 79")
+            assert rc[0] == 0, rc
+
+            async def replaced() -> tuple[str, str]:
+                for pod in await _job_pods(client):
+                    name = str(pod.metadata.name) if pod.metadata else ""
+                    if name != first and pod.status and pod.status.phase == "Running":
+                        device = await _claim_device(client, claim_cls, pod)
+                        return (name, device) if device else ("", "")
+                return "", ""
+
+            second, device = await until(
+                lambda: _truthy_pair(replaced()), 90, "a replacement pod Running"
+            )
+            say(real_cluster, "fault -> Job replacement Running", time.monotonic() - t0)
+            assert device != bad, f"replacement {second} was placed on the bad device {bad}"
+            job = await client.get(Job, "train", namespace=NS)
+            status = job.status
+            assert status is not None
+            failed = [c.type for c in status.conditions or [] if c.status == "True"]
+            assert "Failed" not in failed and "FailureTarget" not in failed, status
+            assert not status.failed, f"the disrupted pod counted as a failure: {status}"
+        finally:
+            ctl.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ctl
+            with contextlib.suppress(ApiError):
+                await client.delete(Job, "train", namespace=NS)
+
+
+async def _truthy_pair(pending: Any) -> tuple[str, str] | None:
+    pair = await pending
+    return pair if all(pair) else None
+
+
+async def _node_ready(client: AsyncClient, node: str) -> bool:
+    from lightkube.resources.core_v1 import Node
+
+    obj = await client.get(Node, node)
+    conds = (obj.status.conditions or []) if obj.status else []
+    return any(c.type == "Ready" and c.status == "True" for c in conds)
+
+
+def _job(node: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "train", "namespace": NS},
+        "spec": {
+            "parallelism": 1,
+            "completions": 1,
+            "backoffLimit": 0,
+            "podFailurePolicy": {
+                "rules": [
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                    {"action": "FailJob", "onExitCodes": {"operator": "NotIn", "values": [0]}},
+                ]
+            },
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "nodeSelector": {"kubernetes.io/hostname": node},
+                    "automountServiceAccountToken": False,
+                    "terminationGracePeriodSeconds": 1,
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                    "containers": [
+                        {
+                            "name": "main",
+                            "image": "busybox",
+                            "command": ["sleep", "3600"],
+                            "resources": {"claims": [{"name": "gpu"}]},
+                        }
+                    ],
+                }
+            },
+        },
+    }
