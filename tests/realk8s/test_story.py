@@ -23,6 +23,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import pytest
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
@@ -31,8 +32,9 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 from drahealth.kube import ServedAPIs, discover, make_client, resource_class
 from drahealth.remedy._controller import HISTORY_CONFIGMAP, RemediationController
 from drahealth.remedy._policy_load import parse_policy
+from drahealth.web import Dashboard
 from tests.e2e.test_agent_e2e import AgentProcess
-from tests.integration.driver.test_sample_driver import DriverProcess, inject
+from tests.integration.driver.test_sample_driver import DRAHEALTH, ENV, DriverProcess, inject
 from tests.realk8s.harness import Cluster, minor_of
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.realk8s]
@@ -355,6 +357,7 @@ async def test_evictions_go_through_the_real_eviction_api_and_a_budget_refuses_t
                 time.monotonic() - t0)  # fmt: skip
             assert "disruption budget" in blocked, blocked
             assert not await _gone(client, "guarded")
+            await _views_show_the_blocked_pod(real_cluster, client, node, bad)
             await client.delete(PodDisruptionBudget, "guarded", namespace="default")
             t0 = time.monotonic()
             await until(lambda: _gone(client, "guarded"), 60, "the eviction once allowed")
@@ -363,6 +366,56 @@ async def test_evictions_go_through_the_real_eviction_api_and_a_budget_refuses_t
             ctl.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await ctl
+
+
+async def _views_show_the_blocked_pod(
+    cluster: Cluster, client: AsyncClient, node: str, bad: str
+) -> None:
+    """The CLI's views and the dashboard, against the real server: the pod on the bad
+    device, the device, and the blocked eviction, in words."""
+    key = f"{DRIVER}/{node}/{bad}"
+    rc, out = await drahealth("pods", "-o", "wide", kubeconfig=cluster.kubeconfig)
+    assert rc == 3, out  # a listed pod has an Unhealthy device
+    line = next((ln for ln in out.splitlines() if " guarded " in ln), "")
+    assert "Unhealthy" in line and bad in line, out
+    rc, out = await drahealth("status", kubeconfig=cluster.kubeconfig)
+    assert f"Kubernetes {cluster.version}" in out and bad in out and node in out, out
+    dashboard = Dashboard(client)
+    url = await dashboard.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def state() -> dict[str, Any]:
+                async with http.get(f"{url.rstrip('/')}/api/state") as resp:
+                    body: dict[str, Any] = await resp.json()
+                    return body
+
+            async def shows_blocked() -> list[dict[str, Any]]:
+                return [d for d in _devices(await state()) if d["key"] == key and d["blocked"]]
+
+            entry = await until(shows_blocked, 30, "the dashboard to show the blocked eviction")
+            assert entry[0]["blocked"][0]["pod"] == "default/guarded", entry
+            assert entry[0]["health"] == "Unhealthy", entry
+    finally:
+        await dashboard.stop()
+
+
+def _devices(state: dict[str, Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for node in state.get("nodes") or []:
+        out.extend(node.get("devices") or [])
+    return out
+
+
+async def drahealth(*args: str, kubeconfig: str) -> tuple[int, str]:
+    """Run the drahealth CLI against the real server; (exit code, stdout + stderr)."""
+    proc = await asyncio.create_subprocess_exec(
+        *DRAHEALTH, *args, "--kubeconfig", kubeconfig, env=ENV,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode()
 
 
 # -- reads ----------------------------------------------------------------------------------
