@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -614,6 +615,80 @@ def running(version: str, *, gates: str = "default", keep: bool = False) -> Iter
         down(cluster, remove=not keep)
 
 
+#: The suites the matrix runs on each release (the story; the rest needs no release loop).
+MATRIX_TESTS = ("tests/realk8s/test_story.py", "tests/realk8s/test_jobs.py")
+STEP_LINE = re.compile(r"^story (v[\d.]+) (\w+): (.+) ([\d.]+) s$")
+MODE_LINE = re.compile(r"^mode v[\d.]+ \w+: ([\w-]+)")
+RESULT_LINE = re.compile(r"^(tests/\S+::(\w+)) (PASSED|FAILED|SKIPPED|ERROR)")
+
+
+def matrix(
+    versions: Sequence[str], gate_modes: Sequence[str], *, out: Path | None, say: Any = print
+) -> list[dict[str, Any]]:
+    """Run :data:`MATRIX_TESTS` on each built release and gate set; one row each (the
+    release, the gates, the remediation mode the controller chose, each test's outcome
+    and each step's latency). With ``out`` the rows are written there as a Markdown table."""
+    rows: list[dict[str, Any]] = []
+    for version in versions:
+        for gates in gate_modes:
+            reason = not_built_reason(version)
+            row: dict[str, Any] = {"version": version, "gates": gates, "tests": {},
+                                   "steps": {}, "note": reason or ""}  # fmt: skip
+            rows.append(row)
+            if reason is not None:
+                say(f"{version} {gates}: skipped: {reason}")
+                continue
+            env = {"DRAHEALTH_K8S_VERSION": version, "DRAHEALTH_K8S_GATES": gates,
+                   "DRAHEALTH_REALK8S_REQUIRED": "1"}  # fmt: skip
+            t0 = time.monotonic()
+            done = subprocess.run(
+                ["uv", "run", "--frozen", "pytest", "-m", "realk8s", "-s", "-rA", "-q",
+                 "-p", "no:cacheprovider", *MATRIX_TESTS],
+                capture_output=True, text=True, env={**os.environ, **env}, timeout=1800,
+                check=False,
+            )  # fmt: skip
+            row["seconds"] = round(time.monotonic() - t0)
+            log = Path(tempfile.gettempdir()) / f"realk8s-matrix-{version}-{gates}.log"
+            log.write_text(done.stdout + done.stderr)
+            row["log"] = str(log)
+            for line in done.stdout.splitlines():
+                if m := MODE_LINE.match(line.strip()):
+                    row["mode"] = m.group(1)
+                if m := STEP_LINE.match(line.strip()):
+                    row["steps"][m.group(3)] = float(m.group(4))
+                if m := RESULT_LINE.match(line.strip()):
+                    row["tests"][m.group(2)] = m.group(3)
+                if (m := re.match(r"^(PASSED|FAILED|ERROR|SKIPPED) (tests/\S+::(\w+))",
+                                  line.strip())):  # fmt: skip
+                    row["tests"][m.group(3)] = m.group(1)
+            say(f"{version} {gates}: {row['tests']} in {row['seconds']} s (output: {log})")
+    if out is not None:
+        out.write_text(matrix_table(rows))
+    return rows
+
+
+def matrix_table(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The matrix rows as Markdown: one table of outcomes, one of step latencies."""
+    tests = sorted({t for r in rows for t in r["tests"]})
+    steps: list[str] = []
+    for r in rows:
+        steps += [s for s in r["steps"] if s not in steps]
+    head = ["release", "gates", "controller mode", *tests]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["version"], r["gates"], r.get("mode", "-")]
+        cells += [r["tests"].get(t, "-") for t in tests]
+        if r.get("note"):
+            cells[-1] = f"{cells[-1]} ({r['note']})"
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "| step (seconds) | " + " | ".join(f"{r['version']} {r['gates']}" for r in rows)
+              + " |", "|" + "---|" * (len(rows) + 1)]  # fmt: skip
+    for step in steps:
+        cells = [f"{r['steps'][step]:.2f}" if step in r["steps"] else "-" for r in rows]
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
 
@@ -632,6 +707,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     d = sub.add_parser("down", help="stop the control plane started in --dir")
     d.add_argument("--dir", required=True)
     d.add_argument("--remove", action="store_true", help="delete the directory too")
+    m = sub.add_parser("matrix", help="run the story on each release and gate set")
+    m.add_argument("--versions", default=",".join(RELEASES), help="comma-separated releases")
+    m.add_argument("--gates", default=",".join(GATE_MODES), help="comma-separated gate sets")
+    m.add_argument("--out", default=None, help="write the results table (Markdown) here")
     w = sub.add_parser("where", help="print the cache directory of a release's binaries")
     w.add_argument("--version", default=None)
     args = parser.parse_args(argv)
@@ -642,6 +721,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             up(resolve_version(args.version), args.dir, gates=args.gates)
         elif args.command == "down":
             down(Cluster.load(args.dir), remove=args.remove)
+        elif args.command == "matrix":
+            versions = [resolve_version(v) for v in args.versions.split(",") if v]
+            modes = [g for g in args.gates.split(",") if g]
+            for g in modes:
+                gates_for(versions[0], g)  # an unknown gate set fails before anything runs
+            rows = matrix(versions, modes, out=Path(args.out) if args.out else None)
+            failed = [r for r in rows if any(v != "PASSED" for v in r["tests"].values())
+                      or not r["tests"]]  # fmt: skip
+            return 1 if failed else 0
         else:
             print(bin_dir(resolve_version(args.version)))
     except HarnessError as exc:

@@ -267,6 +267,12 @@ async def test_fault_taint_eviction_replacement_and_recovery(
         )
         ctl = asyncio.create_task(controller.run())
         try:
+            await until(lambda: _synced(controller), 60, "the controller to start")
+            assert controller.choice is not None
+            print(f"\nmode {real_cluster.version} {real_cluster.gates}: "
+                  f"{controller.choice.mode} ({controller.choice.why})")  # fmt: skip
+            if rules_version is not None:
+                assert controller.choice.mode == "taint-rules", controller.choice
             t0 = time.monotonic()
             rc = await inject(driver.state, bad, "unhealthy", "--message", "XID 79")
             assert rc[0] == 0, rc
@@ -419,6 +425,10 @@ async def drahealth(*args: str, kubeconfig: str) -> tuple[int, str]:
 
 
 # -- reads ----------------------------------------------------------------------------------
+
+
+async def _synced(controller: RemediationController) -> bool:
+    return controller.synced
 
 
 async def _node_ready(client: AsyncClient, node: str) -> bool:
