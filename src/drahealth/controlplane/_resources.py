@@ -69,10 +69,9 @@ def _pod_merge_keys() -> dict[Path, str]:
         keys[("spec", lst)] = "name"
         for sub, key in _CONTAINER_KEYS.items():
             keys[("spec", lst, *sub)] = key
-    for lst in ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses"):
-        keys[("status", lst)] = "name"
-        keys[("status", lst, "allocatedResourcesStatus")] = "name"
-        keys[("status", lst, "allocatedResourcesStatus", "resources")] = "resourceID"
+    # status.containerStatuses (and the init and ephemeral ones) are atomic lists upstream
+    # (no patch strategy, listType=atomic): a strategic merge patch or an apply replaces
+    # them whole, so what is inside them (allocatedResourcesStatus) has no key here
     return keys
 
 

@@ -46,6 +46,7 @@ from typing import Any
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
+from lightkube.types import PatchType
 
 from drahealth._aio import cancel_and_wait
 from drahealth.core import (
@@ -69,11 +70,17 @@ from drahealth.node._pipeline import HealthPipeline
 from drahealth.node._pods import BACKOFF, CDI_DIRS, PodRun, cdi_env, pod_env
 from drahealth.node._registry import PluginRegistry
 
-__all__ = ["KubeletMode"]
+__all__ = ["POD_STATUS_PATCH", "KubeletMode"]
 
 log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
+#: How pod status is written: a strategic merge patch, as the kubelet's status manager
+#: sends it. ``status.conditions`` merge by ``type`` there, so a condition set by someone
+#: else between the agent's last read and its write (the device-taint eviction
+#: controller's ``DisruptionTarget``) stays; a JSON merge patch would replace the list
+#: and drop it, and a Job's podFailurePolicy would then count the eviction as a failure.
+POD_STATUS_PATCH = PatchType.STRATEGIC
 _ENDED = ("Succeeded", "Failed")
 #: Pod status patches in flight at once.
 STATUS_WRITERS = 16
@@ -533,7 +540,7 @@ class KubeletMode:
         meta = pod.get("metadata") or {}
         await patch_status(
             self.client, Pod, str(meta.get("name")), {"status": patch},
-            namespace=meta.get("namespace"),
+            namespace=meta.get("namespace"), patch_type=POD_STATUS_PATCH,
         )  # fmt: skip
         self.status_patches += 1
         if self._on_status_written is not None:

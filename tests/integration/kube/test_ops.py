@@ -55,44 +55,33 @@ async def test_patch_status_merge(client: AsyncClient) -> None:
     assert stored.spec is not None and stored.spec.nodeName is None  # spec untouched
 
 
-async def test_patch_status_strategic_merges_lists_by_name(client: AsyncClient) -> None:
+async def test_patch_status_strategic_merges_conditions_and_replaces_container_statuses(
+    client: AsyncClient,
+) -> None:
+    """As upstream's Pod type says: conditions merge by type; containerStatuses is
+    atomic, so a strategic merge patch replaces it (health inside it included)."""
     await client.create(pod("p2"))
     health = [{"name": "claim:gpu-0", "resources": [{"resourceID": "dev-0", "health": "Healthy"}]}]
+    status = {
+        "name": "main", "ready": False, "restartCount": 0, "image": "busybox", "imageID": "",
+    }  # fmt: skip
     await patch_status(
-        client,
-        Pod,
-        "p2",
-        {
-            "status": {
-                "containerStatuses": [
-                    {
-                        "name": "main",
-                        "ready": False,
-                        "restartCount": 0,
-                        "image": "busybox",
-                        "imageID": "",
-                        "allocatedResourcesStatus": health,
-                    }
-                ]
-            }
-        },
-        namespace="default",
-        patch_type=PatchType.STRATEGIC,
-    )
+        client, Pod, "p2",
+        {"status": {"conditions": [{"type": "DisruptionTarget", "status": "True"}],
+                    "containerStatuses": [{**status, "allocatedResourcesStatus": health}]}},
+        namespace="default", patch_type=PatchType.STRATEGIC,
+    )  # fmt: skip
     out = await patch_status(
-        client,
-        Pod,
-        "p2",
-        {"status": {"containerStatuses": [{"name": "main", "ready": True}]}},
-        namespace="default",
-        patch_type=PatchType.STRATEGIC,
-    )
+        client, Pod, "p2",
+        {"status": {"conditions": [{"type": "Ready", "status": "True"}],
+                    "containerStatuses": [{**status, "ready": True}]}},
+        namespace="default", patch_type=PatchType.STRATEGIC,
+    )  # fmt: skip
     assert out.status is not None and out.status.containerStatuses is not None
     (cs,) = out.status.containerStatuses
     assert cs.ready is True
-    assert cs.allocatedResourcesStatus is not None  # kept: merged by container name
-    resources = cs.allocatedResourcesStatus[0].resources
-    assert resources is not None and resources[0].health == "Healthy"
+    assert cs.allocatedResourcesStatus is None  # replaced whole: not in the patch, gone
+    assert {c.type for c in out.status.conditions or []} == {"DisruptionTarget", "Ready"}
 
 
 async def test_patch_status_requires_status_subresource(client: AsyncClient) -> None:

@@ -116,47 +116,21 @@ def _pod_status(resources: list[dict[str, str]], extra: dict[str, Any] | None = 
     }
 
 
-def test_strategic_merges_resources_by_resource_id() -> None:
+def test_strategic_replaces_container_statuses_whole() -> None:
+    """status.containerStatuses is an atomic list upstream (no patch strategy): a
+    strategic merge patch replaces it, with everything inside (allocatedResourcesStatus,
+    its resources, a message no longer there), as kube-apiserver does."""
     original = _pod_status(
-        [{"resourceID": "gpu-0", "health": "Healthy"}, {"resourceID": "gpu-1", "health": "Healthy"}]
-    )
-    patch = _pod_status(
         [
-            {"resourceID": "gpu-1", "health": "Unhealthy"},
-            {"resourceID": "gpu-2", "health": "Unknown"},
+            {"resourceID": "gpu-0", "health": "Healthy"},
+            {"resourceID": "gpu-1", "health": "Unhealthy", "message": "XID 48"},
         ]
     )
+    patch = _pod_status([{"resourceID": "gpu-1", "health": "Healthy"}])
     out = smp(original, patch)
-    (cs,) = out["status"]["containerStatuses"]
-    (ars,) = cs["allocatedResourcesStatus"]
-    assert ars["resources"] == [
-        {"resourceID": "gpu-0", "health": "Healthy"},
-        {"resourceID": "gpu-1", "health": "Unhealthy"},
-        {"resourceID": "gpu-2", "health": "Unknown"},
-    ]
-    assert cs["ready"] is True
-
-
-def test_strategic_merges_allocated_resources_status_by_name() -> None:
-    original = _pod_status([{"resourceID": "a", "health": "Healthy"}])
-    patch = {
-        "status": {
-            "containerStatuses": [
-                {
-                    "name": "c",
-                    "allocatedResourcesStatus": [
-                        {
-                            "name": "claim:other/req",
-                            "resources": [{"resourceID": "b", "health": "Healthy"}],
-                        }
-                    ],
-                }
-            ]
-        }
-    }
-    out = smp(original, patch)
-    names = [a["name"] for a in out["status"]["containerStatuses"][0]["allocatedResourcesStatus"]]
-    assert names == ["claim:gpu/req", "claim:other/req"]
+    assert out["status"]["containerStatuses"] == patch["status"]["containerStatuses"]
+    (ars,) = out["status"]["containerStatuses"][0]["allocatedResourcesStatus"]
+    assert ars["resources"] == [{"resourceID": "gpu-1", "health": "Healthy"}]
 
 
 def test_strategic_containers_conditions_and_owner_references() -> None:
