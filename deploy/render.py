@@ -338,10 +338,210 @@ def to_text(v: Any) -> str:
     return str(v)
 
 
+# -- toYaml and toJson as helm writes them ----------------------------------------------
+#
+# helm's toYaml is sigs.k8s.io/yaml: Go's encoding/json, read back and written by
+# go.yaml.in/yaml/v2 (80 columns, unicode as is, keys in its "natural" order, a string
+# that would read back as another type double-quoted, a multi-line one literal). toJson is
+# encoding/json: keys sorted bytewise, compact, <, > and & escaped, integral numbers
+# without a fraction (helm's values are float64).
+
+_V2_SPECIAL = frozenset(
+    ["y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No", "NO", "true", "True", "TRUE",
+     "false", "False", "FALSE", "on", "On", "ON", "off", "Off", "OFF", "~", "null", "Null",
+     "NULL", ".nan", ".NaN", ".NAN", ".inf", ".Inf", ".INF", "+.inf", "+.Inf", "+.INF",
+     "-.inf", "-.Inf", "-.INF", "<<"]
+)  # fmt: skip
+_V2_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+_V2_BASE60 = re.compile(r"[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?")
+_V2_INT = re.compile(r"[-+]?(0[bB][01]+|0[oO]?[0-7]+|0[xX][0-9a-fA-F]+|[0-9]+)")
+_V2_TIME = re.compile(
+    r"[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}"
+    r"(?:(?:[Tt]| )[0-9]{1,2}:[0-9]{1,2}:[0-9]{1,2}(?:\.[0-9]+)?(?:Z|[-+][0-9]{2}:[0-9]{2})?)?"
+)
+
+
+def _v2_not_a_string(s: str) -> bool:
+    """Whether go-yaml v2 would read ``s``, written plain, as something else than a string."""
+    if s == "" or s in _V2_SPECIAL:
+        return True
+    plain = s.replace("_", "")
+    return bool(
+        _V2_FLOAT.fullmatch(s) or _V2_BASE60.fullmatch(s) or _V2_TIME.fullmatch(s)
+        or (plain and _V2_INT.fullmatch(plain))
+    )  # fmt: skip
+
+
+def _v2_key_less(a: str, b: str) -> bool:
+    """go-yaml v2's order of string map keys (its keyList.Less): digit runs compare as
+    numbers, other characters before letters."""
+    for i in range(min(len(a), len(b))):
+        if a[i] == b[i]:
+            continue
+        al, bl = a[i].isalpha(), b[i].isalpha()
+        if al and bl:
+            return a[i] < b[i]
+        if al or bl:
+            return bl
+        an = bn = 0
+        if a[i] == "0" or b[i] == "0":
+            j = i - 1
+            while j >= 0 and a[j].isdigit():
+                if a[j] != "0":
+                    an = bn = 1
+                    break
+                j -= 1
+        ai = i
+        while ai < len(a) and a[ai].isdigit():
+            an = an * 10 + int(a[ai])
+            ai += 1
+        bi = i
+        while bi < len(b) and b[bi].isdigit():
+            bn = bn * 10 + int(b[bi])
+            bi += 1
+        if an != bn:
+            return an < bn
+        if ai != bi:
+            return ai < bi
+        return a[i] < b[i]
+    return len(a) < len(b)
+
+
+def _v2_cmp(a: str, b: str) -> int:
+    return -1 if _v2_key_less(a, b) else (1 if _v2_key_less(b, a) else 0)
+
+
+def _v2_sorted(keys: list[str]) -> list[str]:
+    import functools
+
+    return sorted(keys, key=functools.cmp_to_key(_v2_cmp))
+
+
+class _GoYamlDumper(yaml.SafeDumper):
+    """PyYAML's emitter (libyaml's, as go-yaml's) with go-yaml v2's choices of style."""
+
+
+def _go_str(dumper: yaml.SafeDumper, s: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in s else ('"' if _v2_not_a_string(s) else None)
+    return dumper.represent_scalar("tag:yaml.org,2002:str", s, style=style)
+
+
+def _go_map(dumper: yaml.SafeDumper, m: Mapping[Any, Any]) -> yaml.MappingNode:
+    keys = _v2_sorted([to_text(k) for k in m])
+    by_text = {to_text(k): v for k, v in m.items()}
+    return dumper.represent_mapping("tag:yaml.org,2002:map", [(k, by_text[k]) for k in keys])
+
+
+def _go_float(dumper: yaml.SafeDumper, f: float) -> yaml.ScalarNode:
+    text = _go_yaml_number(f)  # tagged as PyYAML reads it back, so it is written plain
+    tag: str = dumper.resolve(yaml.ScalarNode, text, (True, False))  # type: ignore[no-untyped-call]
+    return dumper.represent_scalar(tag, text)
+
+
+_GoYamlDumper.add_representer(str, _go_str)
+_GoYamlDumper.add_representer(dict, _go_map)
+_GoYamlDumper.add_representer(float, _go_float)
+
+
+def _digits(f: float) -> tuple[str, str, int]:
+    """Sign, shortest digits and decimal point position of ``f`` (0.05 -> "", "5", -1)."""
+    from decimal import Decimal
+
+    sign, digits, exponent = Decimal(repr(f)).as_tuple()
+    text = "".join(map(str, digits)).rstrip("0") or "0"
+    assert isinstance(exponent, int)
+    point = len(digits) + exponent
+    return ("-" if sign else ""), text, point
+
+
+def _format_float(f: float, exp_form: Callable[[int], bool], min_exp_digits: int) -> str:
+    sign, digs, point = _digits(f)
+    exp = point - 1
+    if exp_form(exp):
+        mant = digs[0] + ("." + digs[1:] if len(digs) > 1 else "")
+        return f"{sign}{mant}e{'-' if exp < 0 else '+'}{abs(exp):0{min_exp_digits}d}"
+    if point <= 0:
+        return f"{sign}0.{'0' * -point}{digs}"
+    if point >= len(digs):
+        return sign + digs + "0" * (point - len(digs))
+    return f"{sign}{digs[:point]}.{digs[point:]}"
+
+
+def _go_number(f: float) -> str:
+    """A float64 as encoding/json writes it (helm's values are float64: 3.0 is 3)."""
+    if f != f or f in (float("inf"), float("-inf")):
+        raise TemplateError(f"toJson: {f} is not a JSON number")
+    if f == 0:
+        return "0"
+    return _format_float(f, lambda e: abs(f) < 1e-6 or abs(f) >= 1e21, 1)
+
+
+def _go_yaml_number(f: float) -> str:
+    """A float64 as toYaml writes it: JSON, read back by go-yaml (an integral one as an
+    int) and written with strconv's shortest %g (exponent below -4 or from 6 on)."""
+    text = _go_number(f)
+    if re.fullmatch(r"-?[0-9]+", text):
+        return text
+    return _format_float(f, lambda e: e < -4 or e >= 6, 2)
+
+
 def to_yaml(v: Any) -> str:
     if v is None:
         return "null"
-    return yaml.safe_dump(v, default_flow_style=False, sort_keys=True, width=10_000).rstrip("\n")
+    return yaml.dump(
+        v, Dumper=_GoYamlDumper, default_flow_style=False, sort_keys=False, width=80,
+        allow_unicode=True,
+    ).rstrip("\n")  # fmt: skip
+
+
+#: what encoding/json escapes beyond json.dumps(ensure_ascii=False): HTML and JS separators
+_JSON_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
+                               "\u2028": "\\u2028", "\u2029": "\\u2029"})  # fmt: skip
+
+
+def _go_json_str(s: str) -> str:
+    return json.dumps(s, ensure_ascii=False).translate(_JSON_ESCAPES)
+
+
+_GO_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r",
+               "\t": "\\t", "\v": "\\v", "\\": "\\\\", '"': '\\"'}  # fmt: skip
+
+
+def go_quote(s: str) -> str:
+    """``s`` as Go's %q (strconv.Quote) writes it: printable characters as they are."""
+    out = []
+    for c in s:
+        if c in _GO_ESCAPES:
+            out.append(_GO_ESCAPES[c])
+        elif c.isprintable():
+            out.append(c)
+        elif ord(c) < 0x80:
+            out.append(f"\\x{ord(c):02x}")
+        elif ord(c) < 0x10000:
+            out.append(f"\\u{ord(c):04x}")
+        else:
+            out.append(f"\\U{ord(c):08x}")
+    return '"' + "".join(out) + '"'
+
+
+def to_json(v: Any) -> str:
+    """``v`` as Go's encoding/json writes it (helm's toJson)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return _go_number(v)
+    if isinstance(v, str):
+        return _go_json_str(v)
+    if isinstance(v, Mapping):
+        items = sorted((to_text(k).encode(), to_text(k), x) for k, x in v.items())
+        return "{" + ",".join(f"{_go_json_str(k)}:{to_json(x)}" for _, k, x in items) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(to_json(x) for x in v) + "]"
+    raise TemplateError(f"toJson: cannot write a {type(v).__name__}")
 
 
 def _indent(n: int, s: str) -> str:
@@ -377,7 +577,7 @@ def _printf(fmt: str, *args: Any) -> str:
             v = next(vals)
         except StopIteration:
             raise TemplateError(f"printf {fmt!r}: too few arguments") from None
-        return json.dumps(to_text(v)) if verb == "q" else to_text(v)
+        return go_quote(to_text(v)) if verb == "q" else to_text(v)
 
     out = re.sub(r"%([vsdq%])", one, fmt)
     if next(vals, _NOTHING) is not _NOTHING:
@@ -417,10 +617,10 @@ def _cmp(op: Callable[[Any, Any], bool]) -> Callable[[Any, Any], bool]:
 
 FUNCS: dict[str, Callable[..., Any]] = {
     "toYaml": to_yaml,
-    "toJson": lambda v: json.dumps(v, sort_keys=True, separators=(",", ":")),
+    "toJson": to_json,
     "indent": _indent,
     "nindent": lambda n, s: "\n" + _indent(n, s),
-    "quote": lambda *v: " ".join(json.dumps(to_text(x)) for x in v),
+    "quote": lambda *v: " ".join(go_quote(to_text(x)) for x in v),
     "squote": lambda *v: " ".join("'" + to_text(x) + "'" for x in v),
     "default": _default,
     "required": _required,
@@ -666,9 +866,33 @@ def kube_version_allowed(constraint: str, version: str) -> bool:
     return False
 
 
+class _ValuesLoader(yaml.SafeLoader):
+    """YAML as helm reads a values file (go-yaml v2): y/Y/n/N are booleans too, and a
+    timestamp stays a string."""
+
+
+_ValuesLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_ValuesLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:y|Y|n|N)$"), list("yYnN")
+)
+
+
+def _values_bool(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> bool:
+    text = loader.construct_scalar(node)
+    if text in ("y", "Y", "n", "N"):
+        return text in ("y", "Y")
+    return bool(loader.construct_yaml_bool(node))
+
+
+_ValuesLoader.add_constructor("tag:yaml.org,2002:bool", _values_bool)
+
+
 def _load_yaml_map(path: Path, what: str) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_ValuesLoader)  # a SafeLoader
     except (OSError, yaml.YAMLError) as exc:
         raise TemplateError(f"{what} {path}: {exc}") from None
     if data is None:

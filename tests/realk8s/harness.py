@@ -717,6 +717,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "build":
             build(resolve_version(args.version))
+            from tests.realk8s.helm import build_helm  # the chart is judged by real helm
+
+            build_helm(say=print)
         elif args.command == "up":
             up(resolve_version(args.version), args.dir, gates=args.gates)
         elif args.command == "down":

@@ -1,0 +1,1025 @@
+"""The Helm chart with the real ``helm`` on the real control plane.
+
+* ``helm lint`` passes on the chart (default and NVIDIA values).
+* ``helm template`` and ``deploy/render.py`` (CI's renderer without helm) give the same
+  objects, compared parsed and keyed by kind, namespace and name, for the default values
+  and several representative value sets.
+* ``helm install``, ``helm upgrade`` and ``helm uninstall`` at the release under test: the
+  chart's ``kubeVersion`` admits it and the real validation and defaulting accept every
+  object. No kubelet runs here, so no pod of the chart runs: its DaemonSets and
+  Deployment are kept off every node by a node selector, and the test plays the kubelet
+  for the policy-check hook Job's pod only (it runs that container's command,
+  ``drahealth policy check``, on the policy the hook's ConfigMap holds, and writes the
+  pod's phase and exit code), so helm's pre-install and pre-upgrade hooks run for real: a
+  bad policy fails the upgrade and the installed policy stays.
+* RBAC: each component (driver, agent, controller) runs with a token of its own
+  ServiceAccount (TokenRequest) and the container args of the installed manifest, host
+  paths moved under a temporary directory, and does its part of the story: the driver
+  publishes its ResourceSlice and answers a prepare, the agent (observer mode, beside a
+  kubelet played by the agent in kubelet mode with the admin's credentials and a fake
+  PodResources socket) records the fault as an Event and a ConfigMap, the controller
+  taints the device with a DeviceTaintRule, evicts the pod through the Eviction API and
+  removes the rule on recovery. Every request each component makes is recorded (a wrapper
+  around its HTTP client's ``send``): a 403 fails the test, and the verbs the chart grants
+  that the component never used are printed (``chart rbac unused <component>: ...``).
+* ``drahealth doctor`` run with each component's credentials agrees with what happened:
+  its RBAC check passes and checks every permission the component exercised.
+
+Timings print as ``chart <release>: <step> <seconds> s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shutil
+import ssl
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import grpc
+import pytest
+import yaml
+from lightkube import ApiError, AsyncClient
+from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod
+
+from drahealth import api
+from drahealth.cli.doctor import PERMISSIONS
+from drahealth.kube import discover, make_client, resource_class
+from tests.e2e.test_agent_e2e import AgentProcess
+from tests.integration.node.test_observer import FakeKubelet
+from tests.integration.node.test_observer import pod as podresources_entry
+from tests.realk8s.harness import RELEASES, Cluster, _kubeconfig, bin_dir
+from tests.realk8s.helm import helm_path, not_built_reason
+
+pytestmark = [pytest.mark.realk8s, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "drahealth"
+RELEASE = "chartrk"
+FULLNAME = f"{RELEASE}-drahealth"
+DRIVER = "gpu.chart.example.com"  # its own DeviceClass: no other module's is touched
+NODE = "chart-node"
+#: matches no node: the chart's DaemonSets and Deployment create no pod that would run
+NOWHERE = {"drahealth.io/chart-test": "nowhere"}
+COMPONENTS = ("driver", "agent", "controller")
+DRAHEALTH = [sys.executable, "-c", "from drahealth.cli import main; main()"]
+_EXE = Path(sys.executable).with_name("drahealth")
+if _EXE.exists():
+    DRAHEALTH = [str(_EXE)]
+
+#: The values the chart is installed with: the story's policy (a fault taints at once,
+#: two healthy seconds recover) on the chart's defaults (eviction mode evict, limits).
+STORY_VALUES: dict[str, Any] = {
+    "driver": {"name": DRIVER, "nodeSelector": NOWHERE},
+    "agent": {"nodeSelector": NOWHERE},
+    "controller": {
+        "nodeSelector": NOWHERE,
+        "policy": {
+            "recovery": {"healthyFor": "2s"},
+            "rules": [
+                {"name": "unhealthy-devices", "match": {"health": ["Unhealthy"]},
+                 "action": {"effect": "NoExecute"}},
+            ],
+        },
+    },
+}  # fmt: skip
+
+#: Value sets compared between helm template and deploy/render.py.
+VALUE_SETS: dict[str, Any] = {
+    "default": None,
+    "nvidia": CHART / "values-nvidia.yaml",
+    "story": STORY_VALUES,
+    "custom": {
+        "image": {"repository": "registry.example.com/drahealth", "tag": "1.2.3"},
+        "imagePullSecrets": [{"name": "regcred"}],
+        "kubeletDir": "/var/lib/k0s/kubelet",
+        "logLevel": "debug",
+        "driver": {"name": "pci.example.com", "profile": "sim-pci", "claimCache": False,
+                   "claimStatus": True, "withdrawUnknown": True, "privileged": True,
+                   "nodeSelector": {"accelerator": "yes"},
+                   "tolerations": [{"key": "gpu", "operator": "Exists",
+                                    "effect": "NoSchedule"}]},
+        "deviceClass": {"name": "pci-devices"},
+        "controller": {"replicas": 3, "dryRun": True, "remediationMode": "node-taint"},
+        "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
+    },
+    "attach": {
+        "driver": {"enabled": False},
+        "agent": {"attach": {
+            "config": {"drivers": [{"driver": "gpu.nvidia.com", "key": "uuid", "sources": [
+                {"kind": "kmsg", "match": "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has "
+                 "fallen off the bus; a message longer than eighty columns"},
+                {"kind": "dcgm", "interval": "10s", "enabled": "yes", "empty": "",
+                 "note": "température ✓ <a & b>"}]}]},
+            "kmsg": {"enabled": True},
+            "hostPaths": [{"path": "/var/log/kern.log", "type": "File"}],
+            "capabilities": ["DAC_READ_SEARCH"],
+            "dcgmLocalService": {"enabled": True},
+            "nvml": {"enabled": True, "runtimeClassName": "nvidia"}}},
+        "controller": {"policyCheck": {"hook": False, "initContainer": False}},
+    },
+    "repair-and-rollup": {
+        "rbac": {"create": True},
+        "controller": {"policy": {
+            "nodeRollup": {"taintNode": {"threshold": "50%"}},
+            "rules": [{"name": "xid", "match": {"message": "(?i)xid (48|79) && <fatal>"},
+                       "action": {"effect": "NoExecute"},
+                       "repair": {"job": {"template": {"spec": {"containers": [
+                           {"name": "reset", "image": "busybox",
+                            "command": ["sh", "-c", "echo reset && sleep 1"]}]}}}}}]}},
+    },
+    "off": {"rbac": {"create": False}, "deviceClass": {"create": False},
+            "agent": {"enabled": False}, "controller": {"enabled": False}},
+}  # fmt: skip
+
+
+def say(cluster_version: str, step: str, seconds: float) -> None:
+    print(f"\nchart {cluster_version}: {step} {seconds:.2f} s")
+
+
+# -- helm ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def helm_home() -> Iterator[Path]:
+    reason = not_built_reason()
+    if reason is not None:
+        if os.environ.get("DRAHEALTH_REALK8S_REQUIRED") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    home = Path(tempfile.mkdtemp(prefix="helm-", dir="/tmp"))
+    try:
+        yield home
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _helm_env(home: Path) -> dict[str, str]:
+    dirs = {"HELM_CACHE_HOME": "cache", "HELM_CONFIG_HOME": "config", "HELM_DATA_HOME": "data"}
+    return {**os.environ, **{k: str(home / v) for k, v in dirs.items()}}
+
+
+def helm(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(helm_path()), *args], env=_helm_env(home), capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+async def ahelm(home: Path, *args: str, within: float = 60) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        str(helm_path()), *args, env=_helm_env(home),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), within)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise AssertionError(f"helm {' '.join(args[:2])} still running after {within} s") from None
+    assert proc.returncode is not None
+    return proc.returncode, out.decode()
+
+
+def values_args(values: Any, where: Path) -> list[str]:
+    if values is None:
+        return []
+    if isinstance(values, Path):
+        return ["-f", str(values)]
+    where.write_text(yaml.safe_dump(values, allow_unicode=True))
+    return ["-f", str(where)]
+
+
+def objects(stream: str) -> dict[tuple[str, str, str], dict[str, Any]]:
+    out: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for doc in yaml.safe_load_all(stream):
+        if not doc:
+            continue
+        meta = doc["metadata"]
+        key = (doc["kind"], meta.get("namespace", ""), meta["name"])
+        assert key not in out, f"{key} twice"
+        out[key] = doc
+    return out
+
+
+def test_helm_lint_passes(helm_home: Path) -> None:
+    for extra in ([], ["-f", str(CHART / "values-nvidia.yaml")]):
+        done = helm(helm_home, "lint", "--strict", str(CHART), *extra)
+        assert done.returncode == 0, done.stdout + done.stderr
+        lines = done.stdout.splitlines()
+        assert not [ln for ln in lines if ln.startswith("[ERROR]")], done.stdout
+        notes = [ln for ln in lines if ln.startswith(("[WARNING]", "[INFO]"))]
+        print(f"\nchart lint {' '.join(extra) or 'default values'}: {notes or 'clean'}")
+
+
+def test_kube_version_admits_every_release_the_suite_runs_and_no_older(helm_home: Path) -> None:
+    """Chart.yaml's kubeVersion, as helm reads it (install checks the server's version
+    the same way)."""
+    for version in [*RELEASES.values(), "v1.38.0"]:
+        done = helm(helm_home, "template", RELEASE, str(CHART), "--kube-version", version)
+        assert done.returncode == 0, (version, done.stderr)
+    done = helm(helm_home, "template", RELEASE, str(CHART), "--kube-version", "v1.33.9")
+    assert done.returncode != 0 and "kubeVersion" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("name", list(VALUE_SETS))
+def test_helm_template_and_render_py_give_the_same_objects(helm_home: Path, name: str) -> None:
+    args = values_args(VALUE_SETS[name], helm_home / f"{name}.yaml")
+    ns = "drahealth-system"
+    by_helm = helm(helm_home, "template", RELEASE, str(CHART), "--namespace", ns, *args)
+    assert by_helm.returncode == 0, by_helm.stderr
+    by_render = subprocess.run(
+        [sys.executable, str(ROOT / "deploy" / "render.py"), str(CHART), "--release", RELEASE,
+         "--namespace", ns, *args],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert by_render.returncode == 0, by_render.stderr
+    h, r = objects(by_helm.stdout), objects(by_render.stdout)
+    assert sorted(h) == sorted(r), (sorted(set(h) - set(r)), sorted(set(r) - set(h)))
+    differ = [k for k in h if h[k] != r[k]]
+    assert not differ, "\n".join(
+        f"{k}:\n helm:   {json.dumps(h[k], sort_keys=True)}\n render: "
+        f"{json.dumps(r[k], sort_keys=True)}"
+        for k in differ
+    )
+
+
+# -- the admin's view ---------------------------------------------------------------------
+
+
+def admin_request(
+    cluster: Cluster, method: str, path: str, body: Any = None,
+    content_type: str = "application/json",
+) -> Any:  # fmt: skip
+    ctx = ssl.create_default_context(cafile=cluster.ca_file)
+    req = urllib.request.Request(
+        cluster.apiserver + path, method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {cluster.admin_token}", "Content-Type": content_type},
+    )  # fmt: skip
+    with urllib.request.urlopen(req, context=ctx, timeout=10) as resp:
+        return json.loads(resp.read() or b"null")
+
+
+def policy_path(ns: str) -> str:
+    return f"/api/v1/namespaces/{ns}/configmaps/{FULLNAME}-controller-policy"
+
+
+async def until(check: Callable[[], Awaitable[Any]], within: float, what: str) -> Any:
+    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
+    t0 = time.monotonic()
+    last: BaseException | None = None
+    while True:
+        try:
+            value = await check()
+            if value:
+                return value
+        except (ApiError, KeyError, AttributeError, TypeError, IndexError) as exc:
+            last = exc
+        if time.monotonic() - t0 > within:
+            raise AssertionError(f"timed out after {within:.0f} s waiting for {what} ({last!r})")
+        await asyncio.sleep(0.1)
+
+
+# -- the hook's pod, played ----------------------------------------------------------------
+
+
+class HookKubelet:
+    """Runs the policy-check hook Job's container command here and writes its pod's
+    status, as the kubelet would: the hook's ConfigMap is the container's only input."""
+
+    def __init__(self, cluster: Cluster, client: AsyncClient, namespace: str, work: Path) -> None:
+        self.cluster, self.client, self.namespace, self.work = cluster, client, namespace, work
+        self.done: dict[str, int] = {}  # pod name -> exit code
+
+    async def run(self) -> None:
+        while True:
+            async for pod in self.client.list(
+                Pod, namespace=self.namespace,
+                labels={"app.kubernetes.io/component": "policy-check"},
+            ):  # fmt: skip
+                name = pod.metadata.name if pod.metadata else ""
+                if name and name not in self.done and pod.status and pod.status.phase == "Pending":
+                    self.done[name] = await self._run_pod(pod)
+            await asyncio.sleep(0.1)
+
+    async def _run_pod(self, pod: Pod) -> int:
+        assert pod.spec is not None and pod.metadata is not None
+        [container] = pod.spec.containers
+        [volume] = [v for v in pod.spec.volumes or [] if v.configMap is not None]
+        assert volume.configMap is not None
+        cm = await self.client.get(ConfigMap, str(volume.configMap.name), namespace=self.namespace)
+        mount = "/etc/drahealth"
+        local = self.work / "hook" / str(pod.metadata.name)
+        local.mkdir(parents=True, exist_ok=True)
+        for key, text in (cm.data or {}).items():
+            (local / key).write_text(text)
+        args = [str(local) + a.removeprefix(mount) if a.startswith(mount) else a
+                for a in container.args or []]  # fmt: skip
+        proc = await asyncio.create_subprocess_exec(
+            *DRAHEALTH, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        out, _ = await proc.communicate()
+        code = proc.returncode or 0
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                      "startedAt": now, "finishedAt": now}  # fmt: skip
+        if code != 0:  # terminationMessagePolicy FallbackToLogsOnError
+            terminated["message"] = out.decode(errors="replace")[-2048:]
+        status = {"status": {
+            "phase": "Succeeded" if code == 0 else "Failed",
+            "containerStatuses": [{
+                "name": container.name, "image": container.image or "", "imageID": "",
+                "ready": False, "restartCount": 0, "started": False,
+                "state": {"terminated": terminated}}]}}  # fmt: skip
+        admin_request(
+            self.cluster, "PATCH",
+            f"/api/v1/namespaces/{self.namespace}/pods/{pod.metadata.name}/status", status,
+            content_type="application/merge-patch+json",
+        )  # fmt: skip
+        return code
+
+
+async def helm_with_hooks(
+    home: Path, cluster: Cluster, namespace: str, work: Path, *args: str
+) -> tuple[int, str, dict[str, int]]:
+    """``helm args`` while the hook pods are played; (exit code, output, hook exits)."""
+    client = make_client(kubeconfig=cluster.kubeconfig)
+    hooks = HookKubelet(cluster, client, namespace, work)
+    player = asyncio.create_task(hooks.run())
+    try:
+        code, out = await ahelm(home, *args, within=90)
+    finally:
+        player.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await player
+        await client.close()
+    return code, out, hooks.done
+
+
+# -- the release ------------------------------------------------------------------------------
+
+
+@dataclass
+class Release:
+    cluster: Cluster
+    home: Path
+    namespace: str
+    work: Path
+    manifest: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    installed: bool = True
+    story: Story | None = None
+
+    def helm(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return helm(self.home, *args, "--kubeconfig", self.cluster.kubeconfig,
+                    "--namespace", self.namespace)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def release(real_cluster: Cluster, helm_home: Path) -> Iterator[Release]:
+    ns = f"chart-{uuid.uuid4().hex[:6]}"
+    work = Path(tempfile.mkdtemp(prefix="ch", dir="/tmp"))
+    rel = Release(real_cluster, helm_home, ns, work)
+    values = values_args(STORY_VALUES, work / "values.yaml")
+
+    async def install() -> tuple[int, str, dict[str, int]]:
+        return await helm_with_hooks(
+            helm_home, real_cluster, ns, work, "install", RELEASE, str(CHART),
+            "--kubeconfig", real_cluster.kubeconfig, "--namespace", ns,
+            "--create-namespace", "--timeout", "60s", *values,
+        )  # fmt: skip
+
+    try:
+        t0 = time.monotonic()
+        code, out, hooks = asyncio.run(install())
+        say(real_cluster.version, "helm install (pre-install hook played)", time.monotonic() - t0)
+        assert code == 0, out
+        assert list(hooks.values()) == [0], hooks
+        got = rel.helm("get", "manifest", RELEASE)
+        assert got.returncode == 0, got.stderr
+        rel.manifest = objects(got.stdout)
+        yield rel
+    finally:
+        if rel.installed:
+            rel.helm("uninstall", RELEASE, "--timeout", "60s")
+        with contextlib.suppress(Exception):
+            admin_request(real_cluster, "DELETE", f"/api/v1/namespaces/{ns}")
+        if os.environ.get("DRAHEALTH_REALK8S_KEEP") == "1":
+            print(f"\nchart: logs and requests kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def test_install_is_accepted_by_the_real_server_and_its_hook_ran(release: Release) -> None:
+    """Every object of the release exists as the server stored it (validated, defaulted);
+    the hook's Job and ConfigMap were deleted once it succeeded (hook-succeeded)."""
+    cluster = release.cluster
+    kubectl = str(bin_dir(cluster.version) / "kubectl")
+    manifest = release.work / "manifest.yaml"
+    manifest.write_text(yaml.safe_dump_all(list(release.manifest.values())))
+    got = subprocess.run(
+        [kubectl, "--kubeconfig", cluster.kubeconfig, "get", "-f", str(manifest), "-o", "json"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    stored = json.loads(got.stdout)["items"]
+    assert len(stored) == len(release.manifest)
+    # defaulted by the server: e.g. the DaemonSets' revisionHistoryLimit, the pods' dnsPolicy
+    for obj in stored:
+        if obj["kind"] in ("DaemonSet", "Deployment"):
+            assert obj["spec"]["revisionHistoryLimit"] == 10
+            assert obj["spec"]["template"]["spec"]["dnsPolicy"] == "ClusterFirst"
+    status = json.loads(release.helm("status", RELEASE, "-o", "json").stdout)
+    assert status["info"]["status"] == "deployed" and status["version"] == 1
+    hooks = [h["name"] for h in status.get("hooks", [])]
+    assert f"{FULLNAME}-controller-policy-check" in hooks, hooks
+    jobs = admin_request(cluster, "GET", f"/apis/batch/v1/namespaces/{release.namespace}/jobs")
+    assert not jobs["items"], "the hook Job was not deleted after it succeeded"
+    print(f"\nchart {cluster.version}: {len(stored)} objects stored, kinds "
+          f"{sorted({o['kind'] for o in stored})}")  # fmt: skip
+
+
+# -- the story, each component with its own ServiceAccount ----------------------------------
+
+#: Wraps every HTTP request a component's client sends; lines of JSON into the file named
+#: by DRAHEALTH_TEST_REQUEST_LOG.
+RECORDER = textwrap.dedent("""
+    import json, os, threading
+
+    _path = os.environ.get("DRAHEALTH_TEST_REQUEST_LOG")
+    if _path:
+        import httpx2
+
+        _lock = threading.Lock()
+
+        def _write(request, status, answer=""):
+            entry = {"method": request.method, "url": str(request.url), "status": status}
+            if answer:  # a refusal: what was sent and what the server said
+                entry["answer"] = answer[:1000]
+                entry["sent"] = request.content.decode(errors="replace")[:2000]
+            with _lock, open(_path, "a") as f:
+                f.write(json.dumps(entry) + "\\n")
+
+        _async_send = httpx2.AsyncClient.send
+        _sync_send = httpx2.Client.send
+
+        async def _asend(self, request, *args, **kwargs):
+            try:
+                response = await _async_send(self, request, *args, **kwargs)
+            except BaseException:
+                _write(request, None)
+                raise
+            answer = ""
+            if response.status_code >= 400 and response.status_code not in (404, 409):
+                answer = (await response.aread()).decode(errors="replace")
+            _write(request, response.status_code, answer)
+            return response
+
+        def _ssend(self, request, *args, **kwargs):
+            try:
+                response = _sync_send(self, request, *args, **kwargs)
+            except BaseException:
+                _write(request, None)
+                raise
+            answer = ""
+            if response.status_code >= 400 and response.status_code not in (404, 409):
+                answer = response.read().decode(errors="replace")
+            _write(request, response.status_code, answer)
+            return response
+
+        httpx2.AsyncClient.send = _asend
+        httpx2.Client.send = _ssend
+""")
+
+
+@dataclass(frozen=True)
+class Access:
+    """One request as RBAC sees it."""
+
+    verb: str
+    group: str
+    resource: str  # with its subresource: pods/eviction
+    namespace: str  # "" cluster-wide or cluster-scoped
+
+
+def access_of(method: str, url: str) -> Access | None:
+    """The RBAC attributes of a request; None for non-resource URLs (discovery, /version)."""
+    parts = urlsplit(url)
+    segs = [s for s in parts.path.split("/") if s]
+    if segs[:2] == ["api", "v1"]:
+        group, rest = "", segs[2:]
+    elif segs[:1] == ["apis"] and len(segs) >= 3:
+        group, rest = segs[1], segs[3:]
+    else:
+        return None
+    if not rest:
+        return None
+    ns = ""
+    if rest[0] == "namespaces" and len(rest) >= 3:
+        ns, rest = rest[1], rest[2:]
+    resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+    named = len(rest) > 1
+    query = parse_qs(parts.query)
+    verb = {
+        "GET": "get" if named else (
+            "watch" if query.get("watch", [""])[0] in ("1", "true") else "list"),
+        "POST": "create", "PUT": "update", "PATCH": "patch",
+        "DELETE": "delete" if named else "deletecollection",
+    }[method]  # fmt: skip
+    return Access(verb, group, resource, ns)
+
+
+def grants(manifest: dict[tuple[str, str, str], dict[str, Any]], sa: str) -> set[Access]:
+    """Every (verb, group, resource, namespace) the release's roles grant ``sa``."""
+    out: set[Access] = set()
+    for (kind, ns, _name), obj in manifest.items():
+        if kind not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        if not any(s.get("name") == sa for s in obj.get("subjects", [])):
+            continue
+        role_kind = obj["roleRef"]["kind"]
+        role = manifest[(role_kind, ns if role_kind == "Role" else "", obj["roleRef"]["name"])]
+        for rule in role.get("rules", []):
+            for g in rule.get("apiGroups", []):
+                for r in rule.get("resources", []):
+                    for v in rule.get("verbs", []):
+                        out.add(Access(v, g, r, ns if kind == "RoleBinding" else ""))
+    return out
+
+
+def granted(access: Access, granted_set: set[Access]) -> bool:
+    return any(
+        g.verb == access.verb and g.group == access.group and g.resource == access.resource
+        and (g.namespace == "" or g.namespace == access.namespace)
+        for g in granted_set
+    )  # fmt: skip
+
+
+def container_of(manifest: dict[tuple[str, str, str], dict[str, Any]], kind: str,
+                 component: str) -> dict[str, Any]:  # fmt: skip
+    [obj] = [o for (k, _, n), o in manifest.items() if k == kind and n == f"{FULLNAME}-{component}"]
+    containers: list[dict[str, Any]] = obj["spec"]["template"]["spec"]["containers"]
+    return containers[0]
+
+
+def localize(args: list[str], env: dict[str, str], moves: dict[str, str]) -> list[str]:
+    """The container's args here: $(VAR) expanded as the kubelet does, host paths moved,
+    metrics on loopback at a free port."""
+    out = []
+    for arg in args:
+        arg = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), arg)
+        for old, new in moves.items():
+            arg = arg.replace(f"={old}", f"={new}")
+        arg = re.sub(r"^--metrics-host=.*", "--metrics-host=127.0.0.1", arg)
+        arg = re.sub(r"^--metrics-port=.*", "--metrics-port=0", arg)
+        out.append(arg)
+    return out
+
+
+@dataclass
+class Component:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    requests: Path
+    kubeconfig: Path
+    proc: asyncio.subprocess.Process | None = None
+
+    async def start(self, ready: str, within: float = 30) -> None:
+        out = self.log.open("wb")
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *DRAHEALTH, *self.argv, env=self.env, stdout=out, stderr=asyncio.subprocess.STDOUT
+            )
+        finally:
+            out.close()
+        t0 = time.monotonic()
+        while not re.search(ready, self.output(), re.M):
+            if self.proc.returncode is not None or time.monotonic() - t0 > within:
+                raise AssertionError(f"{self.name} did not start:\n{self.output()[-3000:]}")
+            await asyncio.sleep(0.05)
+
+    def output(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def recorded(self) -> list[dict[str, Any]]:
+        try:
+            lines = self.requests.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        return [json.loads(ln) for ln in lines if ln.strip()]
+
+    async def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.returncode is None:
+            self.proc.terminate()
+            try:
+                await asyncio.wait_for(self.proc.wait(), 15)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        return self.proc.returncode
+
+
+@dataclass
+class Story:
+    components: dict[str, Component]
+    granted: dict[str, set[Access]]
+    doctor: dict[str, dict[str, Any]]
+    doctor_mode: str | None
+
+
+def token_for(cluster: Cluster, ns: str, sa: str) -> str:
+    body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 3600}}  # fmt: skip
+    answer = admin_request(cluster, "POST", f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token",
+                           body)  # fmt: skip
+    return str(answer["status"]["token"])
+
+
+@contextlib.asynccontextmanager
+async def fake_podresources(path: Path) -> AsyncIterator[FakeKubelet]:
+    fake = FakeKubelet()
+    server = grpc.aio.server()
+    api.podresources_v1_grpc.add_PodResourcesListerServicer_to_server(fake, server)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    server.add_insecure_port(f"unix://{path}")
+    await server.start()
+    try:
+        yield fake
+    finally:
+        await server.stop(0)
+
+
+async def run_story(rel: Release) -> Story:
+    cluster, ns, work = rel.cluster, rel.namespace, rel.work
+    version = cluster.version
+    kubelet_ns = f"{ns}-kubelet"
+    admin_request(cluster, "POST", "/api/v1/namespaces",
+                  {"metadata": {"name": kubelet_ns}})  # fmt: skip
+    base = work / "n"  # short: unix socket paths stay under 108 bytes
+    kubelet_dir = base / "k"
+    for d in ("plugins_registry", "plugins"):
+        (kubelet_dir / d).mkdir(parents=True, exist_ok=True)
+    rec = work / "rec"
+    rec.mkdir()
+    (rec / "sitecustomize.py").write_text(RECORDER)
+    cm = admin_request(cluster, "GET", policy_path(ns))
+    (work / "policy.yaml").write_text(cm["data"]["policy.yaml"])
+    moves = {"/var/lib/kubelet": str(kubelet_dir), "/var/run/cdi": str(base / "cdi"),
+             "/var/lib/drahealth/agent": str(base / "obs"),
+             "/etc/drahealth/policy.yaml": str(work / "policy.yaml")}  # fmt: skip
+    kinds = {"driver": "DaemonSet", "agent": "DaemonSet", "controller": "Deployment"}
+    components: dict[str, Component] = {}
+    granted_sets: dict[str, set[Access]] = {}
+    for name in COMPONENTS:
+        sa = f"{FULLNAME}-{name}"
+        kc = work / f"{name}.kubeconfig"
+        _kubeconfig(kc, cluster.apiserver, Path(cluster.ca_file), token_for(cluster, ns, sa))
+        container = container_of(rel.manifest, kinds[name], name)
+        env = {**os.environ, "GRPC_VERBOSITY": "ERROR", "KUBECONFIG": str(kc),
+               "PYTHONPATH": os.pathsep.join([str(rec), os.environ.get("PYTHONPATH", "")]),
+               "DRAHEALTH_TEST_REQUEST_LOG": str(work / f"{name}.requests")}  # fmt: skip
+        for var in container.get("env", []):  # the downward API's values, as on a node
+            field_path = var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath", "")
+            fields = {"spec.nodeName": NODE, "metadata.uid": str(uuid.uuid4()),
+                      "metadata.name": f"{sa}-0"}  # fmt: skip
+            env[var["name"]] = fields.get(field_path, var.get("value", ""))
+        components[name] = Component(
+            name, localize(container["args"], env, moves), env, work / f"{name}.log",
+            work / f"{name}.requests", kc,
+        )  # fmt: skip
+        granted_sets[name] = grants(rel.manifest, sa)
+
+    client = make_client(kubeconfig=cluster.kubeconfig)
+    kubelet = AgentProcess(
+        str(base), cluster.kubeconfig, "--node-name", NODE,
+        "--registry-dir", str(kubelet_dir / "plugins_registry"), "--namespace", kubelet_ns,
+        "--cdi-dir", str(base / "cdi"),
+    )  # fmt: skip
+    served = await discover(client)
+    claim_cls = served.resource("ResourceClaim") or resource_class("ResourceClaim", "v1")
+    doctor: dict[str, dict[str, Any]] = {}
+    try:
+        async with fake_podresources(kubelet_dir / "pod-resources" / "kubelet.sock") as podres:
+            t0 = time.monotonic()
+            await asyncio.gather(
+                kubelet.start(timeout=30),
+                components["driver"].start(r"^ready: "),
+                components["controller"].start(r"^leading: "),
+            )
+            say(version, "kubelet, driver and controller started", time.monotonic() - t0)
+            t0 = time.monotonic()
+            slice_cls = served.resource("ResourceSlice") or resource_class("ResourceSlice", "v1")
+
+            async def slices() -> list[Any]:
+                found = [s async for s in client.list(slice_cls) if s.spec]
+                return [s for s in found if s.spec.driver == DRIVER and s.spec.nodeName == NODE]
+
+            await until(slices, 30, "the driver's ResourceSlice (driver's token)")
+            say(version, "ResourceSlice published", time.monotonic() - t0)
+
+            t0 = time.monotonic()
+            await client.create(claim_cls.from_dict({
+                "metadata": {"name": "trainer-gpu", "namespace": ns},
+                "spec": {"devices": {"requests": [
+                    {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}}))  # fmt: skip
+            await client.create(Pod.from_dict({
+                "metadata": {"name": "trainer", "namespace": ns, "labels": {"app": "trainer"}},
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": NODE},
+                    "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 1,
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": "trainer-gpu"}],
+                    "containers": [{"name": "main", "image": "busybox",
+                                    "resources": {"claims": [{"name": "gpu"}]}}]}}))  # fmt: skip
+
+            async def allocated() -> str:
+                claim = await client.get(claim_cls, "trainer-gpu", namespace=ns)
+                alloc = claim.status.allocation if claim.status else None
+                results = alloc.devices.results if alloc and alloc.devices else None
+                return str(results[0].device) if results else ""
+
+            device = await until(allocated, 60, "the scheduler's allocation")
+
+            async def running() -> bool:
+                pod = await client.get(Pod, "trainer", namespace=ns)
+                return bool(pod.status and pod.status.phase == "Running")
+
+            await until(running, 60, "the pod Running (prepared by the driver's token)")
+            say(version, "claim allocated, prepared, pod Running", time.monotonic() - t0)
+
+            podres.pods = [podresources_entry("trainer", (DRIVER, NODE, device),
+                                              claim="trainer-gpu", ns=ns)]  # fmt: skip
+            t0 = time.monotonic()
+            await components["agent"].start(r"^ready: ")
+            say(version, "observer agent started", time.monotonic() - t0)
+
+            t0 = time.monotonic()
+            state = kubelet_dir / "plugins" / DRIVER
+            rc = await inject(state, device, "unhealthy", "--message", "XID 79")
+            assert rc[0] == 0, rc
+
+            async def unhealthy_event() -> bool:
+                events = [e async for e in client.list(Event, namespace=ns)]
+                return any(
+                    e.reason == "DeviceUnhealthy" and e.involvedObject.name == "trainer"
+                    and e.involvedObject.uid for e in events
+                )  # fmt: skip
+
+            await until(unhealthy_event, 30, "the agent's DeviceUnhealthy Event on the pod")
+            say(version, "fault -> agent's Event (agent's token)", time.monotonic() - t0)
+            rules_version = served.api_version("DeviceTaintRule")
+            if rules_version is not None:
+                rule_cls = resource_class("DeviceTaintRule", rules_version.split("/")[1])
+
+                async def rule() -> Any:
+                    async for r in client.list(rule_cls):
+                        sel = r.spec.deviceSelector if r.spec else None
+                        if sel is not None and sel.driver == DRIVER and sel.device == device:
+                            return r
+                    return None
+
+                await until(rule, 30, "the controller's DeviceTaintRule")
+                say(version, f"fault -> {rules_version} DeviceTaintRule (controller's token)",
+                    time.monotonic() - t0)  # fmt: skip
+
+            async def gone() -> bool:
+                try:
+                    await client.get(Pod, "trainer", namespace=ns)
+                except ApiError as exc:
+                    return exc.status.code == 404
+                return False
+
+            await until(gone, 60, "the pod evicted by the controller")
+            say(version, "fault -> pod evicted (controller's token)", time.monotonic() - t0)
+
+            t0 = time.monotonic()
+            rc = await inject(state, device, "healthy")
+            assert rc[0] == 0, rc
+            if rules_version is not None:
+
+                async def no_rule() -> bool:
+                    return await rule() is None
+
+                await until(no_rule, 30, "the rule removed on recovery")
+                say(version, "recovery -> rule removed", time.monotonic() - t0)
+
+            t0 = time.monotonic()
+            doctor = await run_doctors(components, ns, base)
+            say(version, "doctor with each component's token", time.monotonic() - t0)
+    finally:
+        for comp in components.values():
+            await comp.stop()
+        await kubelet.stop()
+        with contextlib.suppress(ApiError):
+            await client.delete(Node, NODE)  # its ResourceSlices go with it (owner)
+        rules_version = served.api_version("DeviceTaintRule")
+        if rules_version is not None:  # a story cut short leaves no rule of its driver
+            rule_cls = resource_class("DeviceTaintRule", rules_version.split("/")[1])
+            with contextlib.suppress(ApiError):
+                async for r in client.list(rule_cls):
+                    sel = r.spec.deviceSelector if r.spec else None
+                    if sel is not None and sel.driver == DRIVER and r.metadata:
+                        await client.delete(rule_cls, r.metadata.name)
+        with contextlib.suppress(ApiError):
+            await client.delete(Namespace, kubelet_ns)
+        await client.close()
+    mode = next((d.get("mode") for d in doctor.values() if d.get("mode")), None)
+    return Story(components, granted_sets, doctor, mode)
+
+
+async def inject(state: Path, *args: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *DRAHEALTH, "inject", "--state-dir", str(state), *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    return proc.returncode or 0, out.decode()
+
+
+async def run_doctors(
+    components: dict[str, Component], ns: str, node_root: Path
+) -> dict[str, dict[str, Any]]:
+    async def one(comp: Component) -> tuple[str, dict[str, Any]]:
+        proc = await asyncio.create_subprocess_exec(
+            *DRAHEALTH, "doctor", "--kubeconfig", str(comp.kubeconfig), "--component",
+            comp.name, "--namespace", ns, "--node-root", str(node_root), "--kubelet-dir", "/k",
+            "-o", "json", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await proc.communicate()
+        try:
+            doc: dict[str, Any] = json.loads(out)
+        except ValueError:
+            raise AssertionError(f"doctor {comp.name}: {out!r} {err!r}") from None
+        doc["exitCode"] = proc.returncode
+        return comp.name, doc
+
+    return dict(await asyncio.gather(*(one(c) for c in components.values())))
+
+
+@pytest.fixture(scope="module")
+def story(release: Release) -> Story:
+    if release.story is None:
+        t0 = time.monotonic()
+        release.story = asyncio.run(run_story(release))
+        say(release.cluster.version, "the whole story", time.monotonic() - t0)
+    return release.story
+
+
+def exercised(comp: Component) -> tuple[set[Access], list[str], list[str]]:
+    """(the accesses it made, its denied requests, other requests that failed)."""
+    used: set[Access] = set()
+    denied, failed = [], []
+    for req in comp.recorded():
+        status, what = req["status"], f"{req['method']} {urlsplit(req['url']).path}"
+        if status == 403:
+            denied.append(f"{what} -> 403")
+        elif status is None or status == 401 or status >= 500:
+            failed.append(f"{what} -> {status}")
+        else:  # authorized: any other answer comes after the authorizer said yes
+            access = access_of(req["method"], req["url"])
+            if access is not None:
+                used.add(access)
+    return used, denied, failed
+
+
+@pytest.mark.parametrize("name", COMPONENTS)
+def test_component_does_its_part_with_exactly_the_charts_rights(story: Story, name: str) -> None:
+    comp = story.components[name]
+    used, denied, _failed = exercised(comp)
+    assert comp.recorded(), f"{name}: no request recorded (the recorder did not load)"
+    assert not denied, f"{name} was refused:\n" + "\n".join(denied)
+    log = comp.output()
+    assert not re.search(r"\b403\b|forbidden", log, re.I), f"{name} log:\n{log[-3000:]}"
+    beyond = sorted(str(a) for a in used if not granted(a, story.granted[name])
+                    and a.group != "authorization.k8s.io")  # fmt: skip
+    assert not beyond, f"{name} used what the chart does not grant: {beyond}"
+    unused = sorted(
+        f"{g.verb} {g.resource}" + (f".{g.group}" if g.group else "")
+        + (f" (in {g.namespace})" if g.namespace else "")
+        for g in story.granted[name]
+        if not any(u.verb == g.verb and u.group == g.group and u.resource == g.resource
+                   for u in used)
+    )  # fmt: skip
+    print(f"\nchart rbac used {name}: " + ", ".join(sorted(
+        f"{u.verb} {u.resource}" + (f".{u.group}" if u.group else "") for u in used)))  # fmt: skip
+    print(f"chart rbac unused {name}: {', '.join(unused) or 'none'}")
+
+
+@pytest.mark.parametrize("name", COMPONENTS)
+def test_component_writes_pass_the_real_validation(story: Story, name: str) -> None:
+    """No request the component made was refused as invalid (400, 422)."""
+    refused = [
+        f"{r['method']} {urlsplit(r['url']).path} -> {r['status']}: {r.get('answer', '')[:300]}"
+        for r in story.components[name].recorded()
+        if r["status"] in (400, 422)
+    ]
+    assert not refused, f"the real API server refused {name}'s requests:\n" + "\n".join(
+        dict.fromkeys(refused)
+    )
+
+
+@pytest.mark.parametrize("name", COMPONENTS)
+def test_doctor_with_the_components_token_agrees_with_what_it_did(story: Story, name: str) -> None:
+    doc = story.doctor[name]
+    checks = {c["check"]: c for c in doc["checks"]}
+    summary = ", ".join(f"{c['check']} {c['status']}" for c in doc["checks"])
+    print(f"\nchart doctor {name}: {summary}")
+    rbac = checks[f"rbac:{name}"]
+    assert rbac["status"] == "ok", rbac
+    fails = [c for c in doc["checks"] if c["status"] == "FAIL"]
+    assert not fails and doc["exitCode"] == 0, f"doctor {name} reports blockers: {fails}"
+    mode = story.doctor_mode or doc.get("mode")
+    checked: set[tuple[str, str, str]] = set()
+    for p in PERMISSIONS[name]:
+        if p.when == "rules" and mode not in (None, "taint-rules"):
+            continue
+        if p.when == "nodes" and mode not in ("node-taint", "cordon"):
+            continue
+        for verb in p.verbs:
+            checked.add((verb, p.group, p.name()))
+    used, _denied, _failed = exercised(story.components[name])
+    unchecked = sorted(
+        f"{u.verb} {u.resource}" + (f".{u.group}" if u.group else "")
+        for u in used
+        if (u.verb, u.group, u.resource) not in checked and u.group != "authorization.k8s.io"
+    )
+    assert not unchecked, f"doctor --component {name} does not check what it used: {unchecked}"
+
+
+def test_upgrade_refused_by_the_hook_then_accepted_then_uninstall(release: Release) -> None:
+    """A bad policy fails ``helm upgrade`` in its pre-upgrade hook (the installed policy
+    stays); a good upgrade goes through; ``helm uninstall`` leaves none of its objects."""
+    cluster, ns, work = release.cluster, release.namespace, release.work
+    before = admin_request(cluster, "GET", policy_path(ns))
+    bad = json.loads(json.dumps(STORY_VALUES))
+    bad["controller"]["policy"]["rules"] = []
+    good = json.loads(json.dumps(STORY_VALUES))
+    good["logLevel"] = "debug"
+
+    async def upgrade(values: Any, name: str) -> tuple[int, str, dict[str, int]]:
+        return await helm_with_hooks(
+            release.home, cluster, ns, work, "upgrade", RELEASE, str(CHART),
+            "--kubeconfig", cluster.kubeconfig, "--namespace", ns, "--timeout", "60s",
+            *values_args(values, work / f"{name}.yaml"),
+        )  # fmt: skip
+
+    t0 = time.monotonic()
+    code, out, hooks = asyncio.run(upgrade(bad, "bad"))
+    say(cluster.version, "helm upgrade refused by the hook", time.monotonic() - t0)
+    assert code != 0 and "pre-upgrade hooks failed" in out, out
+    assert list(hooks.values()) == [1], hooks
+    after = admin_request(cluster, "GET", policy_path(ns))
+    assert after["data"] == before["data"], "a refused upgrade changed the installed policy"
+
+    t0 = time.monotonic()
+    code, out, hooks = asyncio.run(upgrade(good, "good"))
+    say(cluster.version, "helm upgrade", time.monotonic() - t0)
+    assert code == 0, out
+    assert list(hooks.values()) == [0], hooks
+    status = json.loads(release.helm("status", RELEASE, "-o", "json").stdout)
+    assert status["info"]["status"] == "deployed" and status["version"] == 3, status["info"]
+    ds = admin_request(cluster, "GET", f"/apis/apps/v1/namespaces/{ns}/daemonsets/{FULLNAME}-agent")
+    assert "--log-level=debug" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    t0 = time.monotonic()
+    done = release.helm("uninstall", RELEASE, "--timeout", "60s")
+    say(cluster.version, "helm uninstall", time.monotonic() - t0)
+    assert done.returncode == 0, done.stderr
+    release.installed = False
+    left = []
+    for kind, obj_ns, name in release.manifest:
+        path = {
+            "ClusterRole": f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{name}",
+            "ClusterRoleBinding": f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{name}",
+            "DeviceClass": f"/apis/resource.k8s.io/v1/deviceclasses/{name}",
+            "ServiceAccount": f"/api/v1/namespaces/{obj_ns}/serviceaccounts/{name}",
+            "ConfigMap": f"/api/v1/namespaces/{obj_ns}/configmaps/{name}",
+        }.get(kind)
+        if path is None:
+            continue
+        with contextlib.suppress(urllib.error.HTTPError):
+            obj = admin_request(cluster, "GET", path)
+            if not obj.get("metadata", {}).get("deletionTimestamp"):
+                left.append(f"{kind}/{name}")
+    assert not left, f"helm uninstall left {left}"
