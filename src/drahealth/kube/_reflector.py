@@ -5,9 +5,11 @@ namespace, label and field selector), the typed object cache keyed by
 ``(namespace, name)``, resourceVersion bookkeeping (bookmarks included), recovery
 from ``410 Gone`` (fresh LIST, differences emitted as synthetic events) and from a
 504 "Too large resource version" (the server went back in time, e.g. restarted from
-older data: a fresh LIST taken as the whole truth, like client-go), reconnects
-with capped, jittered exponential backoff, and delivery of ordered, de-duplicated
-events to handlers and async iterators.
+older data: a fresh LIST taken as the whole truth, like client-go), a check that the
+server has not gone back in time before resuming a watch after a broken, cut short or
+silent one (kube-apiserver answers a watch at a future resourceVersion with a stream that
+stays silent, not an error), reconnects with capped, jittered exponential backoff, and
+delivery of ordered, de-duplicated events to handlers and async iterators.
 
 The decision logic is sans-I/O and unit-testable on its own: :class:`Backoff` (delay
 arithmetic), :func:`rv_newer` (resourceVersion ordering) and :class:`ObjectCache`
@@ -464,7 +466,16 @@ class Reflector(Generic[T]):
     ``relists`` (LISTs forced by 410 Gone or a too large resourceVersion),
     ``watches`` (watch requests sent), ``reconnects`` (watch re-establishments after
     an error or disconnect; a server closing a watch at its timeout is not one),
-    ``last_error``.
+    ``rv_checks`` (one-item LISTs that checked the server is not behind our
+    resourceVersion before a watch was resumed), ``last_error``.
+
+    That check runs before re-watching after a transport error or dropped connection,
+    after a watch the server ended well before its ``timeoutSeconds`` (a restarting
+    server, a watch cache re-initialising) and after a watch that stayed silent until its
+    timeout. A server restored from older data answers the resumed watch with a stream
+    that never delivers (real kube-apiserver waits for the resourceVersion to arrive), so
+    without it the cache would go stale; with it, a LIST whose resourceVersion is lower
+    than ours relists and takes that list as the whole truth.
     """
 
     def __init__(
@@ -514,11 +525,13 @@ class Reflector(Generic[T]):
         self._io_waiting = False
         self._drop_requested = False
         self._stopping = False
+        self._verify_rv = False  # check the server is not behind us before re-watching
         self.last_resource_version: str | None = None
         self.lists = 0
         self.relists = 0
         self.watches = 0
         self.reconnects = 0
+        self.rv_checks = 0
         self.last_error: BaseException | None = None
 
     # ------------------------------------------------------------------ public API
@@ -608,6 +621,8 @@ class Reflector(Generic[T]):
                     await self._list(reset=reset)
                     need_list = reset = False
                 await self._online.wait()
+                if self._verify_rv:
+                    await self._check_rv()
                 self._drop_requested = False
                 self._watch_task = asyncio.create_task(
                     self._watch(), name=f"reflector-watch:{self.name}"
@@ -636,14 +651,18 @@ class Reflector(Generic[T]):
                 if self._stopping or (task is not None and task.cancelling()):
                     raise
                 self.reconnects += 1  # the watch sub-task was dropped (test hook)
+                self._verify_rv = True
                 delay = self._backoff.next()
             except _Dropped:
                 self.reconnects += 1
+                self._verify_rv = True
                 delay = self._backoff.next()
             except Exception as exc:
                 self.last_error = exc
                 if not need_list:
                     self.reconnects += 1
+                    # an ERROR event comes from a server that is up and consistent
+                    self._verify_rv = self._verify_rv or not isinstance(exc, WatchErrorEvent)
                 delay = self._backoff.next()
                 log.warning(
                     "%s: %s failed (%s: %s); retrying in %.2fs",
@@ -695,6 +714,7 @@ class Reflector(Generic[T]):
                 list_rv = _max_rv(list_rv, resource_version(o))
         events = self._cache.replace(items, list_rv, reset=reset)
         self.last_resource_version = list_rv
+        self._verify_rv = False
         self.lists += 1
         self._synced.set()
         log.debug("%s: listed %d objects at rv %s", self.name, len(items), list_rv)
@@ -755,7 +775,35 @@ class Reflector(Generic[T]):
         finally:
             self._io_waiting = False
             await resp.aclose()
-        return got_event or loop.time() - started >= 1.0
+        lived = loop.time() - started
+        if not got_event or lived + 1.0 < server_timeout:
+            self._verify_rv = True  # silent until its timeout, or ended early by the server
+        return got_event or lived >= 1.0
+
+    async def _check_rv(self) -> None:
+        """Raise :class:`_TooLarge` when the server's current resourceVersion (a one-item
+        consistent LIST) is lower than ours: it went back in time."""
+        ours = self.last_resource_version
+        gc = self._gc
+        params: dict[str, Any] = {
+            "labelSelector": self._labels,
+            "fieldSelector": self._fields,
+            "limit": 1,
+        }
+        br = gc.prepare_request(
+            "list", res=self.resource_type, namespace=self._ns_arg, params=params
+        )
+        resp = await gc.send(gc.build_adapter_request(br))
+        _more, server_rv, _items = gc.handle_response("list", resp, br)
+        self.rv_checks += 1
+        self._verify_rv = False
+        a = _as_int(ours) if ours else None
+        b = _as_int(server_rv) if server_rv else None
+        if a is not None and b is not None and a > b:
+            log.warning(
+                "%s: the server is at resourceVersion %s, behind ours (%s)", self.name, b, a
+            )
+            raise _TooLarge()
 
     async def _handle_line(self, line: str) -> None:
         ev = decoders.decode_watch_event(line.encode())
