@@ -68,7 +68,7 @@ def test_an_unbuilt_release_says_how_to_build_it(
     assert "scripts/realk8s build --version 1.35" in reason and str(tmp_path) in reason
     bins = tmp_path / "v1.35.4" / "bin"
     bins.mkdir(parents=True)
-    for name in (*harness.COMPONENTS, *harness.CLIENTS, "etcd"):
+    for name in (*harness.COMPONENTS, "etcd"):
         (bins / name).write_text("")
     assert harness.not_built_reason("v1.35.4") is not None  # no stamp: a build cut short
     (bins / "BUILT").write_text("{}")
