@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from typing import Any
 
@@ -57,7 +58,8 @@ async def _claim_device(client: AsyncClient, claim_cls: Any, pod: Pod) -> str:
     alloc = claim.status.allocation if claim.status else None
     if alloc is None or alloc.devices is None or not alloc.devices.results:
         return ""
-    return str(alloc.devices.results[0].device)
+    result = alloc.devices.results[0]
+    return f"{result.pool}/{result.device}"
 
 
 async def _job_pods(client: AsyncClient) -> list[Pod]:
@@ -73,11 +75,19 @@ async def test_a_job_ignores_the_device_taint_eviction_and_replaces_the_pod(
     template_cls = apis.resource("ResourceClaimTemplate") or resource_class(
         "ResourceClaimTemplate", "v1"
     )
-    node = "job-node"
+    # two nodes: where the release serves no DeviceTaintRule the controller fences the
+    # whole node, and the replacement has to go to the other one
+    node, other = "job-node", "job-node-2"
     with contextlib.suppress(ApiError):
         await client.create(Namespace(metadata=ObjectMeta(name=NS)))
-    async with node_with_driver(base, real_cluster, node) as (_agent, driver):
-        await until(lambda: _node_ready(client, node), 60, "the Node Ready")
+    for sub in ("a", "b"):
+        os.makedirs(f"{base}/{sub}")
+    async with (
+        node_with_driver(f"{base}/a", real_cluster, node) as (_agent, driver),
+        node_with_driver(f"{base}/b", real_cluster, other) as (_other_agent, other_driver),
+    ):
+        for name in (node, other):
+            await until(lambda name=name: _node_ready(client, name), 60, f"{name} Ready")
         await _device_class(client, apis)
         await client.create(
             template_cls.from_dict(
@@ -95,7 +105,7 @@ async def test_a_job_ignores_the_device_taint_eviction_and_replaces_the_pod(
                 }
             )
         )
-        await client.create(Job.from_dict(_job(node)))
+        await client.create(Job.from_dict(_job([node, other])))
         t0 = time.monotonic()
 
         async def first_running() -> tuple[str, str]:
@@ -108,6 +118,9 @@ async def test_a_job_ignores_the_device_taint_eviction_and_replaces_the_pod(
         first, bad = await until(
             lambda: _truthy_pair(first_running()), 60, "the Job's pod Running on its claim"
         )
+        pool, device = bad.split("/")
+        if pool == other:
+            driver = other_driver  # the fault goes to the device the pod holds
         say(real_cluster, "Job pod: claim from template, allocated, Running",
             time.monotonic() - t0)  # fmt: skip
 
@@ -117,22 +130,22 @@ async def test_a_job_ignores_the_device_taint_eviction_and_replaces_the_pod(
         ctl = asyncio.create_task(controller.run())
         try:
             t0 = time.monotonic()
-            rc = await inject(driver.state, bad, "unhealthy", "--message", "XID 79")
+            rc = await inject(driver.state, device, "unhealthy", "--message", "XID 79")
             assert rc[0] == 0, rc
 
             async def replaced() -> tuple[str, str]:
                 for pod in await _job_pods(client):
                     name = str(pod.metadata.name) if pod.metadata else ""
                     if name != first and pod.status and pod.status.phase == "Running":
-                        device = await _claim_device(client, claim_cls, pod)
-                        return (name, device) if device else ("", "")
+                        held = await _claim_device(client, claim_cls, pod)
+                        return (name, held) if held else ("", "")
                 return "", ""
 
-            second, device = await until(
+            second, placed = await until(
                 lambda: _truthy_pair(replaced()), 90, "a replacement pod Running"
             )
             say(real_cluster, "fault -> Job replacement Running", time.monotonic() - t0)
-            assert device != bad, f"replacement {second} was placed on the bad device {bad}"
+            assert placed != bad, f"replacement {second} was placed on the bad device {bad}"
             job = await client.get(Job, "train", namespace=NS)
             status = job.status
             assert status is not None
@@ -160,7 +173,15 @@ async def _node_ready(client: AsyncClient, node: str) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in conds)
 
 
-def _job(node: str) -> dict[str, Any]:
+def _on_nodes(nodes: list[str]) -> dict[str, Any]:
+    """Node affinity to any of ``nodes`` (other tests' nodes stay registered)."""
+    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                  "values": nodes}]}  # fmt: skip
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [term]}}}  # fmt: skip
+
+
+def _job(nodes: list[str]) -> dict[str, Any]:
     return {
         "metadata": {"name": "train", "namespace": NS},
         "spec": {
@@ -176,7 +197,7 @@ def _job(node: str) -> dict[str, Any]:
             "template": {
                 "spec": {
                     "restartPolicy": "Never",
-                    "nodeSelector": {"kubernetes.io/hostname": node},
+                    "affinity": _on_nodes(nodes),
                     "automountServiceAccountToken": False,
                     "terminationGracePeriodSeconds": 1,
                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],

@@ -193,17 +193,32 @@ async def _pod_device_health(client: AsyncClient, name: str) -> dict[str, str]:
     return out
 
 
-async def _leaving(client: AsyncClient, name: str) -> str:
-    """The reason of the pod's DisruptionTarget condition once it is being deleted
-    ("deleted" when it is already gone), else ''."""
-    try:
-        pod = await client.get(Pod, name, namespace="default")
-    except ApiError as exc:
-        return "deleted" if exc.status.code == 404 else ""
-    if not (pod.metadata and pod.metadata.deletionTimestamp):
-        return ""
-    conds = (pod.status.conditions or []) if pod.status else []
-    return next((str(c.reason) for c in conds if c.type == "DisruptionTarget"), "no condition")
+class PodWatch:
+    """Watches one pod from now on: the reason of the ``DisruptionTarget`` condition it
+    carried while being deleted (a poll can miss it: the pod may be gone in 0.1 s)."""
+
+    def __init__(self, client: AsyncClient, name: str) -> None:
+        self.seen = ""
+        self._task = asyncio.create_task(self._run(client, name))
+
+    async def _run(self, client: AsyncClient, name: str) -> None:
+        fields = {"metadata.name": name}
+        async for _op, pod in client.watch(Pod, namespace="default", fields=fields):
+            conds = (pod.status.conditions or []) if pod.status else []
+            target = [str(c.reason) for c in conds if c.type == "DisruptionTarget"]
+            deleting = bool(pod.metadata and pod.metadata.deletionTimestamp)
+            if target and (deleting or _op == "DELETED"):
+                self.seen = target[0]
+            elif (deleting or _op == "DELETED") and not self.seen:
+                self.seen = "no condition"
+
+    async def reason(self) -> str:
+        return self.seen
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
 
 
 async def _gone(client: AsyncClient, name: str) -> bool:
@@ -273,6 +288,7 @@ async def test_fault_taint_eviction_replacement_and_recovery(
                   f"{controller.choice.mode} ({controller.choice.why})")  # fmt: skip
             if rules_version is not None:
                 assert controller.choice.mode == "taint-rules", controller.choice
+            leaving = PodWatch(client, "trainer")
             t0 = time.monotonic()
             rc = await inject(driver.state, bad, "unhealthy", "--message", "XID 79")
             assert rc[0] == 0, rc
@@ -289,9 +305,10 @@ async def test_fault_taint_eviction_replacement_and_recovery(
                 say(real_cluster, f"fault -> DeviceTaintRule {rules_version}",
                     time.monotonic() - t0)  # fmt: skip
                 assert rule.spec.taint.effect == "NoExecute"
-            why = await until(
-                lambda: _leaving(client, "trainer"), 60, "the pod to leave its bad device"
-            )
+            try:
+                why = await until(leaving.reason, 60, "the pod to leave its bad device")
+            finally:
+                await leaving.stop()
             say(real_cluster, "fault -> pod evicted", time.monotonic() - t0)
             if rules_version is not None:  # mode delete: upstream's controller did it
                 assert why == "DeletionByDeviceTaintManager", why
