@@ -110,9 +110,9 @@ async def test_deployment_makes_a_replicaset_and_reports_status(
     plane: tuple[ControlPlane, Http],
 ) -> None:
     _, http = plane
-    body = _deployment()
-    assert (await http.call("POST", DEPLOYS, body))[0] == 201
-    name = "web-" + template_hash(body["spec"]["template"])
+    code, created = await http.call("POST", DEPLOYS, _deployment())
+    assert code == 201
+    name = "web-" + template_hash(created["spec"]["template"])  # as stored: defaulted
     sets = await eventually(lambda: _sets(http), 10, "the Deployment's ReplicaSet")
     rs = sets[name]
     hash_ = name.rsplit("-", 1)[1]
@@ -155,9 +155,9 @@ async def test_template_change_rolls_and_delete_cleans_up(
     plane: tuple[ControlPlane, Http],
 ) -> None:
     _, http = plane
-    body = _deployment(revisionHistoryLimit=0)
-    assert (await http.call("POST", DEPLOYS, body))[0] == 201
-    first = "web-" + template_hash(body["spec"]["template"])
+    code, created = await http.call("POST", DEPLOYS, _deployment(revisionHistoryLimit=0))
+    assert code == 201
+    first = "web-" + template_hash(created["spec"]["template"])
 
     async def has(name: str) -> bool:
         return name in await _sets(http)

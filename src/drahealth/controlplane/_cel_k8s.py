@@ -884,9 +884,54 @@ def _static_checks(ast: lark.Tree[Any]) -> None:
             name = str(node.children[0])
             if name not in bound and name not in ("cel", *_NAMESPACES, "null_type"):
                 raise CELCompileError(f"undeclared reference to '{name}' (in container '')")
+    for node in ast.iter_subtrees():
+        if node.data == "member_dot" and _ident_of(node.children[0]) == "device":
+            name = str(node.children[1])
+            if name not in _DEVICE_FIELDS:
+                raise CELCompileError(f"undefined field '{name}'")
+        elif node.data == "relation" and len(node.children) == 2:
+            op = node.children[0]
+            if isinstance(op, lark.Tree) and op.data in _RELATIONS and op.children:
+                left, right = _simple_type(op.children[0]), _simple_type(node.children[1])
+                if left and right and _FAMILY[left] != _FAMILY[right]:
+                    raise CELCompileError(
+                        f"found no matching overload for '{_RELATIONS[op.data]}' applied to "
+                        f"'({left}, {right})'"
+                    )
     kind = _outer_kind(ast)
     if kind is not None:
         raise CELCompileError(f"must evaluate to bool or the unknown type, not {kind}")
+
+
+#: The fields of the ``device`` variable (upstream's DRA CEL environment).
+_DEVICE_FIELDS = frozenset({"driver", "attributes", "capacity", "allowMultipleAllocations"})
+_RELATIONS = {
+    "relation_eq": "_==_", "relation_ne": "_!=_", "relation_lt": "_<_",
+    "relation_le": "_<=_", "relation_gt": "_>_", "relation_ge": "_>=_",
+}  # fmt: skip
+#: Types whose values never compare with one another's (numbers compare across types).
+_FAMILY = {"string": "string", "bool": "bool", "bytes": "bytes", "null_type": "null",
+           "int": "number", "uint": "number", "double": "number"}  # fmt: skip
+_LITERAL_TYPES = {"STRING_LIT": "string", "MLSTRING_LIT": "string", "BYTES_LIT": "bytes",
+                  "INT_LIT": "int", "UINT_LIT": "uint", "FLOAT_LIT": "double",
+                  "BOOL_LIT": "bool", "NULL": "null_type"}  # fmt: skip
+
+
+def _simple_type(tree: Any) -> str | None:
+    """The static type of a literal or of ``device.driver``, else None (not known here)."""
+    node = tree
+    while isinstance(node, lark.Tree):
+        if node.data == "literal":
+            token = node.children[0]
+            return _LITERAL_TYPES.get(token.type) if isinstance(token, lark.Token) else None
+        if node.data == "member_dot":
+            if _ident_of(node.children[0]) == "device" and str(node.children[1]) == "driver":
+                return "string"
+            return None
+        if len(node.children) != 1:
+            return None
+        node = node.children[0]
+    return None
 
 
 def _outer_kind(ast: lark.Tree[Any]) -> str | None:

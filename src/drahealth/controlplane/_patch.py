@@ -239,8 +239,12 @@ def strategic_merge(
     keys: KeyFn = _no_keys,
     sets: SetFn = _no_sets,
     path: Path = (),
+    ordered: bool = False,
 ) -> Any:
-    """Apply a strategic merge patch; returns a new value (``original`` is not mutated)."""
+    """Apply a strategic merge patch; returns a new value (``original`` is not mutated).
+
+    ``ordered``: merged lists take upstream's strategic-merge order (see
+    :func:`_element_order`); otherwise new items are appended (server-side apply)."""
     if not isinstance(patch, dict):
         return strip_directives(patch)
     directive = patch.get(_DIRECTIVE)
@@ -265,15 +269,17 @@ def strategic_merge(
             if value.get(_DIRECTIVE) == "delete":
                 out.pop(key, None)
             else:
-                out[key] = strategic_merge(out.get(key), value, keys, sets, sub)
+                out[key] = strategic_merge(out.get(key), value, keys, sets, sub, ordered)
         elif isinstance(value, list):
-            out[key] = _merge_list(out.get(key), value, keys, sets, sub)
+            out[key] = _merge_list(out.get(key), value, keys, sets, sub, ordered)
         else:
             out[key] = value
     return out
 
 
-def _merge_list(original: Any, patch: list[Any], keys: KeyFn, sets: SetFn, path: Path) -> list[Any]:
+def _merge_list(
+    original: Any, patch: list[Any], keys: KeyFn, sets: SetFn, path: Path, ordered: bool = False
+) -> list[Any]:
     orig = original if isinstance(original, list) else []
     if any(_is_list_directive(v) and v[_DIRECTIVE] == "replace" for v in patch):
         return [strip_directives(v) for v in patch if not _is_list_directive(v)]
@@ -285,7 +291,10 @@ def _merge_list(original: Any, patch: list[Any], keys: KeyFn, sets: SetFn, path:
             if c not in seen:
                 seen.add(c)
                 merged.append(copy.deepcopy(v))
-        return merged
+        if not ordered:
+            return merged
+        return _element_order(merged, [canonical(v) for v in patch],
+                              [canonical(v) for v in orig], canonical)  # fmt: skip
     key = keys(path)
     if key is None or not all(isinstance(v, dict) for v in patch):
         return strip_directives(patch)  # type: ignore[no-any-return]
@@ -315,8 +324,49 @@ def _merge_list(original: Any, patch: list[Any], keys: KeyFn, sets: SetFn, path:
         elif item.get(_DIRECTIVE) == "replace":
             out[idx] = strip_directives(body)
         else:
-            out[idx] = strategic_merge(out[idx], body, keys, sets, path)
-    return [o for o in out if o is not _DELETED] if deleted else out
+            out[idx] = strategic_merge(out[idx], body, keys, sets, path, ordered)
+    merged = [o for o in out if o is not _DELETED] if deleted else out
+    if not ordered:
+        return merged
+
+    def ident_of(v: Any) -> str:
+        return canonical(v.get(key)) if isinstance(v, dict) else canonical(v)
+
+    patch_order = [canonical(v[key]) for v in patch if v.get(_DIRECTIVE) != "delete"]
+    return _element_order(merged, patch_order, [ident_of(o) for o in orig], ident_of)
+
+
+def _element_order(
+    merged: list[Any], patch_order: list[str], server_order: list[str], ident: Any
+) -> list[Any]:
+    """Upstream's ``normalizeElementOrder``: the items the patch names in the patch's
+    order, the others in the original's, interleaved by the original order where both
+    are known (an item the original lacks goes before the server's remaining ones)."""
+    in_patch = set(patch_order)
+    patch_pos = {k: i for i, k in reversed(list(enumerate(patch_order)))}
+    server_pos = {k: i for i, k in reversed(list(enumerate(server_order)))}
+    right = sorted((v for v in merged if ident(v) in in_patch),
+                   key=lambda v: patch_pos.get(ident(v), len(patch_pos)))  # fmt: skip
+    left = sorted((v for v in merged if ident(v) not in in_patch),
+                  key=lambda v: server_pos.get(ident(v), len(server_pos)))  # fmt: skip
+    out: list[Any] = []
+    i = j = 0
+    while i < len(left) or j < len(right):
+        if i >= len(left):
+            out.append(right[j])
+            j += 1
+        elif j >= len(right):
+            out.append(left[i])
+            i += 1
+        else:
+            li, ri = server_pos.get(ident(left[i])), server_pos.get(ident(right[j]))
+            if li is not None and ri is not None and li < ri:
+                out.append(left[i])
+                i += 1
+            else:
+                out.append(right[j])
+                j += 1
+    return out
 
 
 def canonical(value: Any) -> str:

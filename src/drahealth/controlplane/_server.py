@@ -16,6 +16,7 @@ semantics live in ``_engine``.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import functools
@@ -87,6 +88,14 @@ def version_info(profile: KubeProfile) -> JSON:
 
 
 PROTOBUF = "application/vnd.kubernetes.protobuf"
+#: Kinds whose immediate delete answers with the deleted object (upstream's
+#: ``ReturnDeletedObject``); the others answer with a Success Status naming it.
+RETURNS_DELETED = frozenset({
+    ("", "Pod"), ("", "Namespace"), ("resource.k8s.io", "DeviceClass"),
+    ("resource.k8s.io", "ResourceClaim"), ("resource.k8s.io", "ResourceClaimTemplate"),
+    ("resource.k8s.io", "ResourceSlice"),
+})  # fmt: skip
+
 #: Media types a POST/PUT/DELETE body may have (the real server's; PATCH has its own).
 #: None of them can be sent cross-origin by a browser without a CORS preflight, and a
 #: body without a Content-Type is refused too (a browser can send one as a simple request).
@@ -207,6 +216,10 @@ class _SlowConsumer(Exception):
 BODY_READ_TIMEOUT_S = 60.0
 
 
+#: How long a LIST at a future resourceVersion waits for it (kube-apiserver's blockTimeout).
+FUTURE_RV_WAIT_S = 3.0
+
+
 def _too_large(message: str) -> APIError:
     return APIError(_status.status(413, message, "RequestEntityTooLarge"))
 
@@ -324,6 +337,40 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except Exception as e:
         log.exception("internal error serving %s %s", request.method, request.path)
         return _respond(_status.status(500, f"internal error: {e}"), 500)
+
+
+def _page(
+    items: list[JSON], limit: str | None, token: str | None, rv: int
+) -> tuple[list[JSON], str, JSON]:
+    """A LIST's page: ``limit`` items after the ``continue`` token's key, the list's
+    resourceVersion (the token's, as a paginated list reads one snapshot) and the
+    ``continue``/``remainingItemCount`` metadata of a page with more after it."""
+    list_rv = str(rv)
+    if token:
+        try:
+            state = json.loads(base64.urlsafe_b64decode(token.encode() + b"=="))
+            start, list_rv = str(state["start"]), str(int(state["rv"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise _status.bad_request(
+                "continue key is not valid: incorrect encoded start resourceVersion "
+                "(version meta.k8s.io/v1)"
+            ) from e
+        items = [o for o in items if _list_key(o) >= start]
+    try:
+        n = int(limit) if limit else 0
+    except ValueError:
+        n = 0
+    if n <= 0 or len(items) <= n:
+        return items, list_rv, {}
+    page, rest = items[:n], items[n:]
+    state = {"v": "meta.k8s.io/v1", "rv": int(list_rv), "start": _list_key(page[-1]) + "\u0000"}
+    cont = base64.urlsafe_b64encode(json.dumps(state, separators=(",", ":")).encode())
+    return page, list_rv, {"continue": cont.decode().rstrip("="), "remainingItemCount": len(rest)}
+
+
+def _list_key(obj: JSON) -> str:
+    meta = obj.get("metadata") or {}
+    return f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
 
 
 class APIServer:
@@ -497,23 +544,40 @@ class APIServer:
             text="\n".join(lines) + "\n", content_type="text/plain", charset="utf-8"
         )
 
-    def _refuse_future_rv(self, raw: str | None) -> None:
-        """504 "Too large resource version" for a resourceVersion newer than ours."""
-        try:
-            requested = int(raw) if raw else 0
-        except ValueError:
-            return
-        current = self.store.committed_rv
-        if requested <= self.store.rv:
-            return
+    async def _reached(self, requested: int) -> bool:
+        """Wait up to 3 s (kube-apiserver's watch cache does) for the store to reach
+        ``requested``; False if it did not."""
+        deadline = time.monotonic() + FUTURE_RV_WAIT_S
+        while requested > self.store.rv:
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    def _too_large_rv(self, requested: int) -> JSON:
+        """kube-apiserver's Status for a resourceVersion the server has not reached."""
         body = _status.status(
             504,
-            f"Too large resource version: {requested}, current: {current}",
+            f"Timeout: Too large resource version: {requested}, current: {self.store.committed_rv}",
             "Timeout",
             causes=[{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
         )
         body.setdefault("details", {})["retryAfterSeconds"] = 1
-        raise APIError(body)
+        return body
+
+    async def _refuse_future_rv(self, raw: str | None) -> None:
+        """A LIST at a resourceVersion newer than ours: 504 with Retry-After: 1 unless the
+        store reaches it within 3 s."""
+        try:
+            requested = int(raw) if raw else 0
+        except ValueError:
+            return
+        if not await self._reached(requested):
+            raise web.HTTPGatewayTimeout(
+                text=_encode(self._too_large_rv(requested)).decode(),
+                content_type="application/json",
+                headers={"Retry-After": "1"},
+            )
 
     # ------------------------------------------------------------------ routing
 
@@ -691,7 +755,7 @@ class APIServer:
     @staticmethod
     def _options(request: web.Request) -> WriteOptions:
         q = request.query
-        validation = q.get("fieldValidation", "Strict")
+        validation = q.get("fieldValidation", "Warn")  # the real server's default
         if validation not in ("Ignore", "Warn", "Strict"):
             raise _status.bad_request(
                 f"fieldValidation must be one of Ignore, Warn or Strict, not {validation[:64]!r}"
@@ -777,11 +841,16 @@ class APIServer:
                         return await self._watch(request, rt, ns, labels, fields, ticket)
                     finally:
                         self.watch_slots.release(ticket)
-                self._refuse_future_rv(q.get("resourceVersion"))
+                await self._refuse_future_rv(q.get("resourceVersion"))
                 items = self.engine.select(rt, ns, labels, fields)
+                items, rv, more = _page(items, q.get("limit"), q.get("continue"), self.store.rv)
                 if as_table:
-                    return _respond(table(rt, items, str(self.store.rv), include))
-                return _respond(self._list_body(rt, items))
+                    body = table(rt, items, rv, include)
+                else:
+                    body = self._list_body(rt, items)
+                    body["metadata"]["resourceVersion"] = rv
+                body["metadata"].update(more)
+                return _respond(body)
             obj = _as_version(rt, self.engine.get(rt, ns, name))
             return _respond(table(rt, [obj], None, include) if as_table else obj)
         if method == "POST":
@@ -831,7 +900,16 @@ class APIServer:
                 labels, fields = self._selectors(request, rt)
                 items = self.engine.delete_collection(rt, ns, labels, fields, opts)
                 return _respond(self._list_body(rt, items))
-            return _respond(_as_version(rt, self.engine.delete(rt, ns, name, options, opts)))
+            gone = self.engine.delete(rt, ns, name, options, opts)
+            meta = gone.get("metadata") or {}
+            pending = bool(meta.get("deletionTimestamp")) and (
+                self.engine.store.get(rt.key, ns or "", name) is not None
+            )
+            if pending or (rt.group, rt.kind) in RETURNS_DELETED:
+                return _respond(_as_version(rt, gone))
+            body = _status.status(200, "", name=name, group=rt.group, kind=rt.plural)
+            body["details"]["uid"] = meta.get("uid")
+            return _respond(body)
         raise _method_not_allowed()
 
     async def _scale(
@@ -928,11 +1006,19 @@ class APIServer:
             meta = obj.get("metadata") or {}
             return labels.matches(meta.get("labels")) and fields.matches(obj)
 
-        if since is not None:
-            self._refuse_future_rv(str(since))
+        # A resourceVersion newer than ours is no error for a watch (kube-apiserver's
+        # neither): the stream stays silent until the store passes it.
         resp = web.StreamResponse(status=200)
         resp.content_type = "application/json"
         resp.enable_chunked_encoding()
+        future = int(rv) if send_initial and rv.isdigit() else 0
+        if future and not await self._reached(future):  # a watch-list from the future
+            await resp.prepare(request)
+            await resp.write(
+                _encode({"type": "ERROR", "object": self._too_large_rv(future)}) + b"\n"
+            )
+            await resp.write_eof()
+            return resp
         try:
             watcher, initial = self.store.watch(rt.key, ns, match, since)
         except TooOld as e:
@@ -980,7 +1066,11 @@ class APIServer:
                 try:
                     item = await asyncio.wait_for(watcher.take(), wait)
                 except TimeoutError:
-                    if bookmarks and watcher.queue.empty():
+                    if (
+                        bookmarks
+                        and watcher.queue.empty()
+                        and self.store.committed_rv >= (since or 0)
+                    ):
                         await send("BOOKMARK", bookmark())
                     continue
                 if item is None:

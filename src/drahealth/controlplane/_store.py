@@ -104,6 +104,8 @@ class Watcher:
     #: Bytes of the queued events (see :func:`event_size`), and each one's share.
     queued_bytes: int = 0
     _sizes: deque[int] = field(default_factory=deque)
+    #: Events at or below this resourceVersion are not sent (a watch from a future one).
+    after: int = 0
 
     def offer(self, ev: Event, size: int = 0) -> bool:
         """Queue what this watcher sees of ``ev`` (``size``: its :func:`event_size`);
@@ -143,7 +145,7 @@ class Watcher:
 
     def translate(self, ev: Event) -> tuple[str, JSON] | None:
         """Map a store event to what this watcher sees (selector transitions included)."""
-        if ev.key != self.key:
+        if ev.key != self.key or ev.rv <= self.after:
             return None
         if self.namespace is not None and _ns_name(ev.obj)[0] != self.namespace:
             return None
@@ -345,6 +347,7 @@ class Store:
             initial = [(ADDED, o) for o in self.committed_objects(key, namespace) if match(o)]
         else:
             self.check_rv(since)
+            w.after = since
             for ev in self._events:
                 if ev.rv > since:
                     out = w.translate(ev)

@@ -15,6 +15,7 @@ Pure functions over JSON dicts; inputs are not mutated.
 from __future__ import annotations
 
 import copy
+import random
 import uuid
 from typing import Any
 
@@ -41,16 +42,28 @@ def spec_part(obj: JSON) -> JSON:
     return {k: v for k, v in obj.items() if k not in ("metadata", "status", "apiVersion", "kind")}
 
 
+#: Kinds with a ``spec`` whose real strategy leaves ``metadata.generation`` unset.
+_NO_GENERATION = frozenset({
+    ("", "Namespace"), ("", "Node"), ("coordination.k8s.io", "Lease"),
+    ("resource.k8s.io", "ResourceClaim"), ("resource.k8s.io", "ResourceClaimTemplate"),
+})  # fmt: skip
+
+
 def _tracks_generation(rt: ResourceType) -> bool:
-    """Kinds with a ``spec`` carry ``metadata.generation`` (ConfigMaps and Events do not)."""
-    return "spec" in rt.model.__struct_fields__
+    """Kinds with a ``spec`` carry ``metadata.generation`` (ConfigMaps and Events do not,
+    nor the few kinds whose upstream strategy never sets it)."""
+    return "spec" in rt.model.__struct_fields__ and (rt.group, rt.kind) not in _NO_GENERATION
 
 
 def _status_on_create(rt: ResourceType, obj: JSON) -> None:
     if rt.kind == "Pod" and rt.group == "":
-        obj["status"] = {"phase": "Pending"}
-    elif rt.kind == "Namespace":
+        obj["status"] = {"phase": "Pending", "qosClass": qos_class(obj.get("spec") or {})}
+    elif rt.kind == "Namespace" and rt.group == "":
         obj["status"] = {"phase": "Active"}
+        spec = obj.setdefault("spec", {})
+        finalizers = spec.get("finalizers") if isinstance(spec, dict) else None
+        if isinstance(spec, dict) and "kubernetes" not in (finalizers or []):
+            spec["finalizers"] = [*(finalizers or []), "kubernetes"]
     elif rt.kind == "Node":
         return
     elif rt.has_status:
@@ -116,6 +129,22 @@ def default_device_claim(devices: Any) -> None:
 def _defaults(rt: ResourceType, obj: JSON, old: JSON | None, now: str) -> None:
     if (rt.group, rt.kind) == ("batch", "Job"):
         default_job(obj)
+    fill_zero_fields(rt, obj)
+    if (rt.group, rt.kind) == ("", "Pod"):
+        default_pod_spec(obj.get("spec"))
+        if old is not None and isinstance(obj.get("spec"), dict):
+            admit_pod_tolerations(obj["spec"])
+        fill_status_items(obj)
+    elif (rt.group, rt.kind) == ("", "Node"):
+        fill_status_items(obj)
+    elif (rt.group, rt.kind) == ("", "Namespace"):
+        name = (obj.get("metadata") or {}).get("name")
+        if isinstance(name, str):  # upstream's namespace strategy keeps this label
+            obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = name
+    elif rt.group in ("apps", "batch"):
+        template = (obj.get("spec") or {}).get("template")
+        if isinstance(template, dict):
+            default_pod_spec(template.get("spec"))
     if rt.group != "resource.k8s.io":
         return
     # defaulting runs on every decoded object (create and update), as upstream's does, so
@@ -238,6 +267,9 @@ def prepare_create(
         meta.pop("generation", None)
     if not rt.namespaced:
         meta.pop("namespace", None)
+    if (rt.group, rt.kind) == ("", "Pod"):
+        default_pod_spec(out.get("spec"))
+        admit_pod(out)
     _status_on_create(rt, out)
     drop_disabled_fields(rt, out, None, profile)
     _defaults(rt, out, None, now)
@@ -267,6 +299,9 @@ def prepare_update(
         if "managedFields" in (new.get("metadata") or {}):
             out["metadata"]["managedFields"] = new["metadata"]["managedFields"]
         drop_disabled_fields(rt, out, old, profile)
+        fill_zero_fields(rt, out)
+        if rt.group == "" and rt.kind in ("Pod", "Node"):
+            fill_status_items(out)
         return out
     out = copy.deepcopy(new)
     out["apiVersion"], out["kind"] = rt.storage_api_version, rt.kind
@@ -291,3 +326,259 @@ def prepare_update(
     if _tracks_generation(rt) and spec_part(out) != spec_part(old):
         meta["generation"] = int(old_meta.get("generation") or 1) + 1
     return out
+
+
+# --------------------------------------------------------------------------- pods
+
+#: Where the ServiceAccount admission mounts the projected token volume.
+SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+#: ``utilrand.String``'s alphabet (no vowels, no look-alikes).
+_RAND_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+_CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
+_PROBES = ("livenessProbe", "readinessProbe", "startupProbe")
+
+
+def _image_tag(image: str) -> str:
+    """The tag ``parsers.ParseImageName`` finds (``latest`` when there is none)."""
+    if "@" in image:
+        return ""
+    last = image.rsplit("/", 1)[-1]
+    return last.rsplit(":", 1)[1] if ":" in last else "latest"
+
+
+def _default_probe(probe: Any) -> None:
+    if not isinstance(probe, dict):
+        return
+    for key, value in (("timeoutSeconds", 1), ("periodSeconds", 10), ("successThreshold", 1),
+                       ("failureThreshold", 3)):  # fmt: skip
+        probe.setdefault(key, value)
+    http = probe.get("httpGet")
+    if isinstance(http, dict):
+        http.setdefault("path", "/")
+        http.setdefault("scheme", "HTTP")
+
+
+def _default_container(c: JSON, ephemeral: bool = False) -> None:
+    """``SetDefaults_Container`` and what its nested types default."""
+    if not c.get("imagePullPolicy"):
+        c["imagePullPolicy"] = (
+            "Always" if _image_tag(str(c.get("image") or "")) == "latest" else "IfNotPresent"
+        )
+    c.setdefault("terminationMessagePath", "/dev/termination-log")
+    c.setdefault("terminationMessagePolicy", "File")
+    if not ephemeral:
+        c.setdefault("resources", {})
+    resources = c.get("resources")
+    if isinstance(resources, dict) and isinstance(resources.get("limits"), dict):
+        requests = resources.setdefault("requests", {})
+        if isinstance(requests, dict):
+            for name, value in resources["limits"].items():
+                requests.setdefault(name, value)
+    for port in c.get("ports") or []:
+        if isinstance(port, dict):
+            port.setdefault("protocol", "TCP")
+    for env in c.get("env") or []:
+        ref = (
+            ((env or {}).get("valueFrom") or {}).get("fieldRef") if isinstance(env, dict) else None
+        )
+        if isinstance(ref, dict):
+            ref.setdefault("apiVersion", "v1")
+    for probe in _PROBES:
+        _default_probe(c.get(probe))
+
+
+def _default_volume(v: JSON) -> None:
+    for key in ("secret", "configMap", "projected", "downwardAPI"):
+        source = v.get(key)
+        if isinstance(source, dict):
+            source.setdefault("defaultMode", 420)
+    if isinstance(v.get("emptyDir"), dict):
+        pass
+    if isinstance(v.get("hostPath"), dict):
+        v["hostPath"].setdefault("type", "")
+
+
+def default_pod_spec(spec: Any) -> None:
+    """``SetDefaults_PodSpec`` and its containers' and volumes' defaults (in place)."""
+    if not isinstance(spec, dict):
+        return
+    spec.setdefault("dnsPolicy", "ClusterFirst")
+    spec.setdefault("restartPolicy", "Always")
+    spec.setdefault("terminationGracePeriodSeconds", 30)
+    spec.setdefault("securityContext", {})
+    spec.setdefault("schedulerName", "default-scheduler")
+    spec.setdefault("enableServiceLinks", True)
+    if spec.get("serviceAccountName") and not spec.get("serviceAccount"):
+        spec["serviceAccount"] = spec["serviceAccountName"]  # the deprecated alias
+    for lst in _CONTAINER_LISTS:
+        for c in spec.get(lst) or []:
+            if isinstance(c, dict):
+                _default_container(c, ephemeral=lst == "ephemeralContainers")
+    for v in spec.get("volumes") or []:
+        if isinstance(v, dict):
+            _default_volume(v)
+
+
+def admit_pod(obj: JSON) -> None:
+    """What the real server's admission chain adds to a new pod (in place): the
+    ServiceAccount plugin's account and projected token volume (unless
+    ``automountServiceAccountToken`` is false), DefaultTolerationSeconds' not-ready and
+    unreachable tolerations, Priority's priority and preemption policy."""
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return
+    if not spec.get("serviceAccountName"):
+        spec["serviceAccountName"] = "default"
+    spec["serviceAccount"] = spec["serviceAccountName"]
+    containers = [
+        c for lst in ("initContainers", "containers") for c in spec.get(lst) or []
+        if isinstance(c, dict)
+    ]  # fmt: skip
+    mounted = any(
+        isinstance(m, dict) and m.get("mountPath") == SERVICE_ACCOUNT_MOUNT
+        for c in containers for m in c.get("volumeMounts") or []
+    )  # fmt: skip
+    if spec.get("automountServiceAccountToken") is not False and not mounted:
+        name = "kube-api-access-" + "".join(random.choices(_RAND_ALPHABET, k=5))
+        spec.setdefault("volumes", []).append({
+            "name": name,
+            "projected": {
+                "sources": [
+                    {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                    {"configMap": {"name": "kube-root-ca.crt",
+                                   "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                    {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {
+                        "apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
+                ],
+                "defaultMode": 420,
+            },
+        })  # fmt: skip
+        for c in containers:
+            c.setdefault("volumeMounts", []).append(
+                {"name": name, "readOnly": True, "mountPath": SERVICE_ACCOUNT_MOUNT}
+            )
+    admit_pod_tolerations(spec)
+    if spec.get("priority") is None:
+        spec["priority"] = _PRIORITY_CLASSES.get(str(spec.get("priorityClassName") or ""), 0)
+    spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
+
+
+def admit_pod_tolerations(spec: JSON) -> None:
+    """DefaultTolerationSeconds (on create and update): tolerate ``not-ready`` and
+    ``unreachable`` NoExecute taints for 300 s unless a toleration covers them."""
+    tolerations = [t for t in spec.get("tolerations") or [] if isinstance(t, dict)]
+    for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
+        if not any(
+            t.get("key") in (key, None, "") and t.get("effect") in ("NoExecute", None, "")
+            for t in tolerations
+        ):
+            spec.setdefault("tolerations", []).append(
+                {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
+            )
+
+
+#: The priority classes every cluster has (upstream's ``SystemPriorityClasses``).
+_PRIORITY_CLASSES = {"system-node-critical": 2000001000, "system-cluster-critical": 2000000000}
+
+
+def qos_class(spec: JSON) -> str:
+    """``qos.GetPodQOS``: BestEffort, Guaranteed or Burstable, from cpu/memory."""
+    requests: dict[str, list[Any]] = {}
+    limits: dict[str, list[Any]] = {}
+    containers = [c for lst in ("initContainers", "containers") for c in spec.get(lst) or []]
+    guaranteed = True
+    for c in containers:
+        res = (c or {}).get("resources") or {} if isinstance(c, dict) else {}
+        req, lim = res.get("requests") or {}, res.get("limits") or {}
+        for name in ("cpu", "memory"):
+            if name in req and str(req[name]) not in ("0", "0m"):
+                requests.setdefault(name, []).append(req[name])
+            if name in lim and str(lim[name]) not in ("0", "0m"):
+                limits.setdefault(name, []).append(lim[name])
+        names = ("cpu", "memory")
+        if not all(n in lim for n in names) or any(
+            str(req.get(n, lim[n])) != str(lim[n]) for n in names
+        ):
+            guaranteed = False
+    if not requests and not limits:
+        return "BestEffort"
+    return "Guaranteed" if guaranteed else "Burstable"
+
+
+# --------------------------------------------------------------------------- zero fields
+
+#: Fields the real server always writes, because its Go types do not omit them when
+#: empty: (group, kind) -> [(path, value)], filled where missing on every write.
+_ALWAYS: dict[tuple[str, str], tuple[tuple[tuple[str, ...], Any], ...]] = {
+    ("", "Node"): (
+        (("spec",), {}),
+        (("status", "daemonEndpoints", "kubeletEndpoint", "Port"), 0),
+        *(
+            (("status", "nodeInfo", k), "")
+            for k in ("machineID", "systemUUID", "bootID", "kernelVersion", "osImage",
+                      "containerRuntimeVersion", "kubeletVersion", "kubeProxyVersion",
+                      "operatingSystem", "architecture")
+        ),
+    ),
+    ("", "Event"): (
+        (("involvedObject",), {}), (("source",), {}), (("firstTimestamp",), None),
+        (("lastTimestamp",), None), (("eventTime",), None), (("reportingComponent",), ""),
+        (("reportingInstance",), ""),
+    ),
+    ("events.k8s.io", "Event"): (
+        (("regarding",), {}), (("deprecatedSource",), {}),
+        (("deprecatedFirstTimestamp",), None), (("deprecatedLastTimestamp",), None),
+        (("reportingController",), ""), (("reportingInstance",), ""),
+    ),
+    ("policy", "PodDisruptionBudget"): tuple(
+        (("status", k), 0)
+        for k in ("currentHealthy", "desiredHealthy", "disruptionsAllowed", "expectedPods")
+    ),
+    ("apps", "ReplicaSet"): ((("status", "replicas"), 0),),
+    ("apps", "Deployment"): ((("status",), {}),),
+    ("batch", "Job"): ((("status",), {}),),
+    ("resource.k8s.io", "ResourceClaim"): ((("status",), {}),),
+    ("resource.k8s.io", "DeviceTaintRule"): ((("status",), {}),),
+}  # fmt: skip
+
+
+def fill_zero_fields(rt: ResourceType, obj: JSON) -> None:
+    """Add (in place) the empty values the real server's encoding always shows."""
+    for path, value in _ALWAYS.get((rt.group, rt.kind), ()):
+        node: Any = obj
+        for key in path[:-1]:
+            if not isinstance(node, dict):
+                break
+            if not isinstance(node.get(key), dict):
+                node[key] = {}
+            node = node[key]
+        else:
+            if isinstance(node, dict) and path[-1] not in node:
+                node[path[-1]] = copy.deepcopy(value)
+
+
+#: Per item of a status list, what upstream's encoding always shows.
+_CONDITION_ZERO = {"lastProbeTime": None, "lastTransitionTime": None}
+_NODE_CONDITION_ZERO = {"lastHeartbeatTime": None, "lastTransitionTime": None}
+_CONTAINER_STATUS_ZERO = {
+    "state": {}, "lastState": {}, "ready": False, "restartCount": 0, "image": "", "imageID": "",
+}  # fmt: skip
+
+
+def fill_status_items(obj: JSON) -> None:
+    """Pod conditions and container statuses, Node conditions: their always-shown fields."""
+    status = obj.get("status")
+    if not isinstance(status, dict):
+        return
+    node = obj.get("kind") == "Node"
+    for c in status.get("conditions") or []:
+        if isinstance(c, dict):
+            for k, v in (_NODE_CONDITION_ZERO if node else _CONDITION_ZERO).items():
+                c.setdefault(k, v)
+    if node:
+        return
+    for lst in _CONTAINER_STATUSES:
+        for cs in status.get(lst) or []:
+            if isinstance(cs, dict):
+                for k, v in _CONTAINER_STATUS_ZERO.items():
+                    cs.setdefault(k, copy.deepcopy(v))

@@ -52,8 +52,8 @@ def human_duration(seconds: float) -> str:
     return f"{y}y"
 
 
-def _age(obj: JSON) -> str:
-    ts = (obj.get("metadata") or {}).get("creationTimestamp")
+def _since(ts: Any) -> str:
+    """``translateTimestampSince``: ``<unknown>`` for no time."""
     if not ts:
         return "<unknown>"
     try:
@@ -61,6 +61,10 @@ def _age(obj: JSON) -> str:
     except ValueError:
         return "<unknown>"
     return human_duration((dt.datetime.now(dt.UTC) - then).total_seconds())
+
+
+def _age(obj: JSON) -> str:
+    return _since((obj.get("metadata") or {}).get("creationTimestamp"))
 
 
 def _get(obj: JSON, *path: str, default: Any = "") -> Any:
@@ -75,21 +79,113 @@ def _get(obj: JSON, *path: str, default: Any = "") -> Any:
 def _pod_ready(pod: JSON) -> str:
     statuses = _get(pod, "status", "containerStatuses", default=[]) or []
     total = len(_get(pod, "spec", "containers", default=[]) or [])
-    ready = sum(1 for c in statuses if c.get("ready"))
+    ready = sum(1 for c in statuses if c.get("ready") and (c.get("state") or {}).get("running"))
     return f"{ready}/{total}"
 
 
 def _pod_status(pod: JSON) -> str:
-    if _get(pod, "metadata", "deletionTimestamp"):
-        return "Terminating"
-    return str(_get(pod, "status", "reason") or _get(pod, "status", "phase") or "Unknown")
+    """``printPod``'s STATUS: the phase (or reason), a container's waiting or terminated
+    reason, ``SchedulingGated``, ``Terminating`` (init containers: their first problem)."""
+    status = pod.get("status") or {}
+    reason = str(status.get("reason") or status.get("phase") or "")
+    for c in status.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("reason") == "SchedulingGated":
+            reason = "SchedulingGated"
+    inits = _get(pod, "spec", "initContainers", default=[]) or []
+    initializing = False
+    for i, c in enumerate(status.get("initContainerStatuses") or []):
+        state = c.get("state") or {}
+        term, wait = state.get("terminated"), state.get("waiting")
+        if term and term.get("exitCode") == 0:
+            continue
+        if term:
+            reason = "Init:" + (term.get("reason") or f"ExitCode:{term.get('exitCode')}")
+        elif wait and wait.get("reason") and wait["reason"] != "PodInitializing":
+            reason = "Init:" + wait["reason"]
+        else:
+            reason = f"Init:{i}/{len(inits)}"
+        initializing = True
+        break
+    if not initializing:
+        running = False
+        for c in reversed(status.get("containerStatuses") or []):
+            state = c.get("state") or {}
+            wait, term = state.get("waiting"), state.get("terminated")
+            if wait and wait.get("reason"):
+                reason = wait["reason"]
+            elif term:
+                reason = term.get("reason") or f"ExitCode:{term.get('exitCode')}"
+            elif c.get("ready") and state.get("running"):
+                running = True
+        if reason == "Completed" and running:
+            reason = "Running"
+    if _get(pod, "metadata", "deletionTimestamp") and status.get("phase") not in (
+        "Succeeded", "Failed",
+    ):  # fmt: skip
+        reason = "Terminating"
+    return reason
 
 
-def _restarts(pod: JSON) -> int:
-    return sum(
+def _restarts(pod: JSON) -> str:
+    count = sum(
         int(c.get("restartCount", 0))
         for c in _get(pod, "status", "containerStatuses", default=[]) or []
     )
+    return str(count)
+
+
+def _node_roles(node: JSON) -> str:
+    roles = set()
+    for k, v in (_get(node, "metadata", "labels", default={}) or {}).items():
+        if k.startswith("node-role.kubernetes.io/") and k.removeprefix("node-role.kubernetes.io/"):
+            roles.add(k.removeprefix("node-role.kubernetes.io/"))
+        elif k == "kubernetes.io/role" and v:
+            roles.add(v)
+    return ",".join(sorted(roles)) or "<none>"
+
+
+def _node_address(node: JSON, kind: str) -> str:
+    for a in _get(node, "status", "addresses", default=[]) or []:
+        if a.get("type") == kind:
+            return str(a.get("address"))
+    return "<none>"
+
+
+def _node_info(node: JSON, key: str) -> str:
+    return str(_get(node, "status", "nodeInfo", key) or "<unknown>")
+
+
+def _kernel(node: JSON) -> str:
+    arch = _get(node, "status", "nodeInfo", "architecture")
+    return _node_info(node, "kernelVersion") + (f" ({arch})" if arch else "")
+
+
+def _event_first(ev: JSON) -> str:
+    return _since(ev.get("firstTimestamp") or ev.get("eventTime"))
+
+
+def _event_last(ev: JSON) -> str:
+    series = ev.get("series") or {}
+    if series:
+        return _since(series.get("lastObservedTime"))
+    return _since(ev["lastTimestamp"]) if ev.get("lastTimestamp") else _event_first(ev)
+
+
+def _event_count(ev: JSON) -> int:
+    series = ev.get("series") or {}
+    return int(series.get("count") or 0) if series else int(ev.get("count") or 1)
+
+
+def _event_object(ev: JSON) -> str:
+    kind, name = str(_get(ev, "involvedObject", "kind")).lower(), _get(ev, "involvedObject", "name")
+    return f"{kind}/{name}" if name else kind
+
+
+def _event_source(ev: JSON) -> str:
+    src = ev.get("source") or {}
+    component = src.get("component") or ev.get("reportingComponent") or ""
+    instance = src.get("host") or ev.get("reportingInstance") or ""
+    return f"{component}, {instance}" if instance else component
 
 
 def _node_status(node: JSON) -> str:
@@ -194,6 +290,15 @@ def _template_field(obj: JSON, field: str) -> str:
     return ",".join(str(c.get(field, "")) for c in containers if isinstance(c, dict))
 
 
+def _readiness_gates(pod: JSON) -> str:
+    gates = _get(pod, "spec", "readinessGates", default=[]) or []
+    if not gates:
+        return "<none>"
+    true = {c.get("type") for c in _get(pod, "status", "conditions", default=[]) or []
+            if c.get("status") == "True"}  # fmt: skip
+    return f"{sum(1 for g in gates if g.get('conditionType') in true)}/{len(gates)}"
+
+
 _NAME: Column = ("Name", "string", lambda o: _get(o, "metadata", "name"), 0)
 _AGE: Column = ("Age", "string", _age, 0)
 
@@ -202,36 +307,52 @@ _COLUMNS: dict[tuple[str, str], list[Column]] = {
         _NAME,
         ("Ready", "string", _pod_ready, 0),
         ("Status", "string", _pod_status, 0),
-        ("Restarts", "integer", _restarts, 0),
+        ("Restarts", "string", _restarts, 0),
         _AGE,
-        ("IP", "string", lambda o: _get(o, "status", "podIP") or "<none>", 1),
+        (
+            "IP",
+            "string",
+            lambda o: (_get(o, "status", "podIPs", default=[]) or [{}])[0].get("ip") or "<none>",
+            1,
+        ),
         ("Node", "string", lambda o: _get(o, "spec", "nodeName") or "<none>", 1),
+        (
+            "Nominated Node",
+            "string",
+            lambda o: _get(o, "status", "nominatedNodeName") or "<none>",
+            1,
+        ),
+        ("Readiness Gates", "string", _readiness_gates, 1),
     ],
     ("", "Node"): [
         _NAME,
         ("Status", "string", _node_status, 0),
+        ("Roles", "string", _node_roles, 0),
         _AGE,
         ("Version", "string", lambda o: _get(o, "status", "nodeInfo", "kubeletVersion"), 0),
+        ("Internal-IP", "string", lambda o: _node_address(o, "InternalIP"), 1),
+        ("External-IP", "string", lambda o: _node_address(o, "ExternalIP"), 1),
+        ("OS-Image", "string", lambda o: _node_info(o, "osImage"), 1),
+        ("Kernel-Version", "string", _kernel, 1),
+        ("Container-Runtime", "string", lambda o: _node_info(o, "containerRuntimeVersion"), 1),
     ],
     ("", "Namespace"): [_NAME, ("Status", "string", lambda o: _get(o, "status", "phase"), 0), _AGE],
     ("", "ConfigMap"): [
         _NAME,
-        ("Data", "integer", lambda o: len(o.get("data") or {}) + len(o.get("binaryData") or {}), 0),
+        ("Data", "string", lambda o: len(o.get("data") or {}) + len(o.get("binaryData") or {}), 0),
         _AGE,
     ],
     ("", "Event"): [
-        ("Last Seen", "string", _age, 0),
+        ("Last Seen", "string", _event_last, 0),
         ("Type", "string", lambda o: o.get("type", ""), 0),
         ("Reason", "string", lambda o: o.get("reason", ""), 0),
-        (
-            "Object",
-            "string",
-            lambda o: (
-                f"{_get(o, 'involvedObject', 'kind').lower()}/{_get(o, 'involvedObject', 'name')}"
-            ),
-            0,
-        ),
-        ("Message", "string", lambda o: o.get("message", ""), 0),
+        ("Object", "string", _event_object, 0),
+        ("Subobject", "string", lambda o: _get(o, "involvedObject", "fieldPath"), 1),
+        ("Source", "string", _event_source, 1),
+        ("Message", "string", lambda o: str(o.get("message", "")).strip(), 0),
+        ("First Seen", "string", _event_first, 1),
+        ("Count", "string", _event_count, 1),
+        ("Name", "string", lambda o: _get(o, "metadata", "name"), 1),
     ],
     ("batch", "Job"): [
         _NAME,
@@ -310,7 +431,7 @@ _COLUMNS: dict[tuple[str, str], list[Column]] = {
     ],
     ("resource.k8s.io", "ResourceSlice"): [
         _NAME,
-        ("Node", "string", lambda o: _get(o, "spec", "nodeName") or "<none>", 0),
+        ("Node", "string", lambda o: _get(o, "spec", "nodeName") or "", 0),
         ("Driver", "string", lambda o: _get(o, "spec", "driver"), 0),
         ("Pool", "string", lambda o: _get(o, "spec", "pool", "name"), 0),
         _AGE,
@@ -318,8 +439,19 @@ _COLUMNS: dict[tuple[str, str], list[Column]] = {
     ("resource.k8s.io", "ResourceClaim"): [_NAME, ("State", "string", _claim_state, 0), _AGE],
     ("resource.k8s.io", "DeviceTaintRule"): [
         _NAME,
-        ("Key", "string", lambda o: _get(o, "spec", "taint", "key"), 1),
-        ("Effect", "string", lambda o: _get(o, "spec", "taint", "effect"), 1),
+        ("Key", "string", lambda o: _get(o, "spec", "taint", "key"), 0),
+        ("Value", "string", lambda o: _get(o, "spec", "taint", "value"), 0),
+        ("Effect", "string", lambda o: _get(o, "spec", "taint", "effect"), 0),
+        (
+            "TimeAdded",
+            "string",
+            lambda o: (
+                _since(_get(o, "spec", "taint", "timeAdded"))
+                if _get(o, "spec", "taint", "timeAdded")
+                else ""
+            ),
+            0,
+        ),
         _AGE,
     ],
 }

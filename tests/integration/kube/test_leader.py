@@ -253,9 +253,13 @@ def test_the_api_server_refuses_a_garbage_renew_time() -> None:
 
 @pytest.mark.parametrize("duration", [None, 0, -5])
 async def test_a_nonsensical_duration_counts_as_expired_with_a_warning(
-    client: AsyncClient, caplog: pytest.LogCaptureFixture, duration: int | None
+    server: Any, client: AsyncClient, caplog: pytest.LogCaptureFixture, duration: int | None
 ) -> None:
-    await client.create(_held("ghost", leaseDurationSeconds=duration, leaseTransitions=-2))
+    # The API server refuses such a Lease (as the real one does): it is put in its store.
+    lease = _held("ghost", leaseDurationSeconds=duration, leaseTransitions=-2).to_dict()
+    lease.update(apiVersion="coordination.k8s.io/v1", kind="Lease")
+    lease["metadata"]["uid"] = "ghost"
+    server.store.create("coordination.k8s.io/leases", lease)
     b = LeaderElector(client, name="ctl", identity="b", clock=FakeClock())
     with caplog.at_level(logging.WARNING, logger="drahealth.kube._leader"):
         assert await b._try_acquire_or_renew()

@@ -91,7 +91,7 @@ def test_condition_rules_and_limits() -> None:
         f == "status.devices[0].conditions[0].reason" and "a condition reason must start" in m
         for f, m in got
     )
-    assert ("status.devices[0].conditions[2].type", 'Duplicate value: "DeviceHealthy"') in got
+    assert ("status.devices[0].conditions[2]", 'Duplicate value: "DeviceHealthy"') in got
     long = cond(message="x" * (32 * 1024 + 1))
     assert (
         "status.devices[0].conditions[0].message",

@@ -79,7 +79,8 @@ def test_condition_is_written_before_the_delete(engine: Engine) -> None:
     )  # fmt: skip
     assert cond["lastTransitionTime"]
     # the other conditions and the spec are untouched
-    assert {"type": "Ready", "status": "True"} in marked["status"]["conditions"]
+    assert {"type": "Ready", "status": "True", "lastProbeTime": None,
+            "lastTransitionTime": None} in marked["status"]["conditions"]  # fmt: skip
     assert not marked["metadata"].get("deletionTimestamp")
 
 

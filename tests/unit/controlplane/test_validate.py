@@ -70,7 +70,7 @@ def test_names() -> None:
             "spec": {"containers": [{"name": "c"}]},
         },
     )
-    assert c["field"] == "metadata.labels[a]"
+    assert c["field"] == "metadata.labels"  # upstream reports label causes at the map
 
 
 def test_resource_health_values() -> None:
@@ -113,7 +113,7 @@ def test_device_taint_rule_effect_and_key() -> None:
     assert DTR is not None
     obj = {"metadata": {"name": "r"}, "spec": {"taint": {"key": "", "effect": "Evict"}}}
     assert fields(object_causes(DTR, obj)) == {
-        "spec.taint.key": "FieldValueRequired",
+        "spec.taint.key": "FieldValueInvalid",  # upstream: ValidateLabelName("")
         "spec.taint.effect": "FieldValueNotSupported",
     }
 
