@@ -9,7 +9,10 @@ them. Such an Event is only a claim by that namespace about its own pod:
   ``drahealth history`` or in the dashboard's ``/api/history``;
 * the controller's own records still do: its history ConfigMap and its Events in its
   namespace; a pod-namespace Event counts only for a device its pod holds, and is shown
-  with the pod as its source.
+  with the pod as its source;
+* the controller's Events about rules and nodes live in ``default`` (the API server's
+  rule): its word only where the controller runs in ``default``, else shown as Events
+  in ``default`` (anyone allowed to create Events there could have written them).
 """
 
 from __future__ import annotations
@@ -189,3 +192,74 @@ def test_history_source_takes_a_pod_event_only_from_the_pod_holding_the_device()
     )
     assert history_source(ev("ml", rule), GPU[1], "ctl", holder) is None  # not its place
     assert history_source(ev("ml", train, "someone"), GPU[1], "ctl", holder) is None
+
+
+def test_events_about_rules_and_nodes_in_default_are_the_controllers_only_where_it_runs() -> None:
+    """The API server keeps Events about cluster-scoped objects in ``default``: there the
+    controller's are the controller's word only when it runs in ``default``; otherwise
+    anyone who may create Events in ``default`` could have written them, so they are
+    shown as Events in ``default``, never as the controller's."""
+    from drahealth.remedy import history_source, recorded_by
+
+    def ev(ns: str, obj: dict[str, Any], component: str = CONTROLLER) -> dict[str, Any]:
+        return _event("x", ns, component, "DeviceTainted", f"tainted {GPU[1]}", obj).to_dict()
+
+    rule = {"kind": "DeviceTaintRule", "name": "dh-gpu-1"}
+    node = {"kind": "Node", "name": NODE}
+    ctl = "drahealth-system"
+    assert recorded_by(ev("default", rule), ctl) == "controller"
+    assert history_source(ev("default", rule), GPU[1], ctl, []) == (
+        "DeviceTaintRule/dh-gpu-1 (Event in default)"
+    )
+    assert history_source(ev("default", node), GPU[1], ctl, []) == f"Node/{NODE} (Event in default)"
+    assert history_source(ev("default", rule), GPU[2], ctl, []) is None  # not named
+    # the controller runs in default: its Events there are its word
+    assert history_source(ev("default", rule), GPU[1], "default", []) == (
+        f"{CONTROLLER} on DeviceTaintRule/dh-gpu-1"
+    )
+    # its namespace keeps its word (Events an older controller wrote there)
+    assert history_source(ev(ctl, rule), GPU[1], ctl, []) == (
+        f"{CONTROLLER} on DeviceTaintRule/dh-gpu-1"
+    )
+    # nowhere else, and only about rules and nodes
+    assert recorded_by(ev("kube-system", rule), ctl) is None
+    assert recorded_by(ev("ml", node), ctl) is None
+    other = {"kind": "ConfigMap", "name": "x", "namespace": "default"}
+    assert recorded_by(ev("default", other), ctl) is None
+    assert recorded_by(ev("default", {"kind": "Namespace", "name": "ml"}), ctl) is None
+    assert recorded_by(ev("default", rule, "someone"), ctl) is None
+
+
+async def test_the_cli_history_shows_events_in_default_with_their_source(
+    server: APIServer, client: AsyncClient, tmp_path: Path
+) -> None:
+    """Controller in drahealth-system: its history ConfigMap is its word; an Event in
+    default about a rule (its own, or one a tenant wrote there) is shown as an Event in
+    default, never as the controller's."""
+    await scenario(client)
+    ctl = "drahealth-system"
+    await client.create(Namespace.from_dict({"metadata": {"name": ctl}}))  # type: ignore[call-overload]
+    history = [{"time": "2026-11-22T09:59:00Z", "by": "ctl-0", "action": "create",
+                "subject": GPU[1], "message": f"tainted {GPU[1]}"}]  # fmt: skip
+    await client.create(
+        ConfigMap.from_dict(  # type: ignore[call-overload]
+            {
+                "metadata": {"name": "drahealth-remediation-history", "namespace": ctl},
+                "data": {"history": json.dumps(history)},
+            }
+        )
+    )
+    rule = {"kind": "DeviceTaintRule", "name": "dh-gpu-1", "apiVersion": "resource.k8s.io/v1"}
+    await client.create(
+        _event("d1", "default", CONTROLLER, "DeviceTainted", f"tainted {GPU[1]}", rule)
+    )
+    kubeconfig = str(server.write_kubeconfig(tmp_path / "kubeconfig"))
+    out = await asyncio.to_thread(
+        run, "history", "--kubeconfig", kubeconfig, GPU[1], "-o", "json",
+        "--controller-namespace", ctl,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert [(r["what"], r["source"]) for r in json.loads(out.stdout)] == [
+        ("create", "controller ctl-0"),
+        ("DeviceTainted", "DeviceTaintRule/dh-gpu-1 (Event in default)"),
+    ]

@@ -6,9 +6,11 @@ Owns the checks, one line each (``ok``, ``warn`` or ``FAIL``, every failure with
 * which ``resource.k8s.io`` version serves each DRA kind, ResourceClaim and ResourceSlice
   at ``v1`` (a blocker otherwise), and the remediation mode that follows;
 * the RBAC of each component, asked of the server with SelfSubjectAccessReviews for
-  exactly the verbs the component uses (:data:`PERMISSIONS`, the chart's roles), as the
+  exactly the verbs the component uses (:data:`PERMISSIONS`, the chart's roles; what its
+  configuration turns on, :class:`Setup`, from the flags and ``--policy``), as the
   identity of the kubeconfig (run it in the component's pod, or with its credentials);
-* existing DeviceTaintRules whose selector reaches every device or several drivers
+* with the controller among the components checked (the others' roles may not list
+  them): existing DeviceTaintRules whose selector reaches every device or several drivers
   (kubernetes #141422: an empty selector evicted every pod using a DRA device);
 * on a node: the kubelet's ``plugins_registry/`` and ``plugins/`` directories and the
   PodResources socket ``pod-resources/kubelet.sock``.
@@ -26,7 +28,7 @@ import os
 import stat
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -42,6 +44,8 @@ from drahealth.core import (
     DRA_KINDS,
     KUBE_VERSIONS,
     REMEDIATION_MODES,
+    Policy,
+    PolicyError,
     choose_remediation_mode,
     release_of,
     selector_scope,
@@ -49,7 +53,16 @@ from drahealth.core import (
 )
 from drahealth.kube import DRA_GROUP, KubeConfigError, ServedAPIs, load_config, parse_discovery
 
-__all__ = ["PERMISSIONS", "Check", "Permission", "doctor_command", "node_checks"]
+__all__ = [
+    "PERMISSIONS",
+    "Check",
+    "Permission",
+    "Setup",
+    "doctor_command",
+    "needed",
+    "node_checks",
+    "setup_from_policy",
+]
 
 #: Largest answer read from the server, in bytes (a discovery document is a few KB).
 MAX_BODY = 4 * 1024 * 1024
@@ -65,8 +78,12 @@ class Permission:
     """Verbs one component needs on one resource.
 
     ``scope``: ``cluster`` (every namespace, or cluster-scoped) or ``namespace`` (the
-    component's own). ``when``: ``always``, ``rules`` (the controller writes
-    DeviceTaintRules) or ``nodes`` (the controller taints or cordons nodes instead).
+    component's own; a repair Job's, for ``jobs``). ``when``: what makes the component
+    use it (:meth:`Setup.wants`): ``always``; ``rules`` (the controller writes
+    DeviceTaintRules); ``nodes`` (the controller taints or cordons nodes, by its mode or
+    the node rollup's taint); ``rollup`` (the controller's node rollup, on by default);
+    ``jobs`` (a policy rule's repair Job); ``claim-cache`` and ``claim-status`` (the
+    driver's flags of these names); ``attach`` (the agent's attached sources).
     """
 
     group: str
@@ -92,23 +109,80 @@ PERMISSIONS: dict[str, tuple[Permission, ...]] = {
                    when="rules"),
         Permission(_R, "devicetaintrules", ("patch",), subresource="status", when="rules"),
         Permission("", "events", ("create", "patch")),
+        # the opt-out label drahealth.io/remediation=disabled: a label-selected Node watch
+        Permission("", "nodes", ("list", "watch")),
         Permission("", "nodes", ("get", "list", "update"), when="nodes"),
-        Permission("", "configmaps", ("get", "list", "watch", "create", "patch"),
+        # the node rollup's DRADevicesHealthy condition: a read, then a nodes/status patch
+        Permission("", "nodes", ("get",), when="rollup"),
+        Permission("", "nodes", ("patch",), subresource="status", when="rollup"),
+        Permission("", "configmaps", ("get", "list", "watch", "create", "update", "patch"),
                    scope="namespace"),
         Permission("coordination.k8s.io", "leases", ("get", "create", "update"),
                    scope="namespace"),
+        Permission("batch", "jobs", ("get", "list", "create", "delete"), scope="namespace",
+                   when="jobs"),
     ),
     "agent": (
         Permission("", "pods", ("get",)),
+        Permission("", "pods", ("list", "watch"), when="attach"),
+        Permission("", "pods", ("patch",), subresource="status", when="attach"),
+        Permission(_R, "resourceslices", ("list", "watch"), when="attach"),
+        Permission(_R, "resourceclaims", ("get",), when="attach"),
         Permission("", "events", ("create", "patch")),
         Permission("", "configmaps", ("get", "create", "patch"), scope="namespace"),
     ),
     "driver": (
         Permission(_R, "resourceclaims", ("get",)),
+        Permission(_R, "resourceclaims", ("list", "watch"), when="claim-cache"),
+        Permission(_R, "resourceclaims", ("patch",), subresource="status", when="claim-status"),
         Permission(_R, "resourceslices", ("get", "list", "watch", "create", "update", "delete")),
         Permission("", "nodes", ("get",)),
     ),
 }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Setup:
+    """How the components run, as far as their permissions go: the chart's defaults
+    unless doctor's flags say otherwise."""
+
+    #: the controller's remediation mode on this server (None: not known)
+    mode: str | None = None
+    #: the policy's node rollup (``nodeRollup.enabled``) and its node taint (``taintNode``)
+    rollup: bool = True
+    rollup_taints: bool = False
+    #: where the policy's repair Jobs go ("": the controller's namespace); none: no Job
+    job_namespaces: tuple[str, ...] = ()
+    claim_cache: bool = True
+    claim_status: bool = False
+    attach: bool = False
+
+    def wants(self, when: str) -> bool:
+        """Whether a :class:`Permission` with this ``when`` is used."""
+        return {
+            "always": True,
+            "rules": self.mode == "taint-rules",
+            "nodes": self.mode in ("node-taint", "cordon") or self.rollup_taints,
+            "rollup": self.rollup,
+            "jobs": bool(self.job_namespaces),
+            "claim-cache": self.claim_cache,
+            "claim-status": self.claim_status,
+            "attach": self.attach,
+        }[when]
+
+
+def setup_from_policy(setup: Setup, policy: Policy) -> Setup:
+    """``setup`` with what the controller's ``policy`` turns on: the node rollup and its
+    node taint, repair Jobs."""
+    rollup = policy.node_rollup
+    jobs = sorted({r.repair.job.namespace for r in policy.all_rules() if r.repair and r.repair.job})
+    return replace(
+        setup,
+        rollup=rollup.enabled,
+        rollup_taints=rollup.enabled and rollup.taint_node is not None,
+        job_namespaces=tuple(jobs),
+    )
+
 
 #: Where node components need what, under the kubelet directory: (path, kind, who).
 NODE_PATHS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -247,46 +321,61 @@ def _mode_check(served: ServedAPIs, requested: str) -> tuple[Check, str | None]:
     return Check("mode", "warn", f"remediation mode {requested} -> {mode} ({why})", fix), mode
 
 
-def _needed(component: str, mode: str | None) -> Iterator[Permission]:
+def needed(
+    component: str, setup: Setup, namespace: str
+) -> Iterator[tuple[str, str, str, str, str]]:
+    """(group, resource, subresource, verb, namespace) the component uses, each once;
+    namespace "" for cluster-wide access."""
+    seen: set[tuple[str, str, str, str, str]] = set()
     for p in PERMISSIONS[component]:
-        if p.when == "rules" and mode != "taint-rules":
+        if not setup.wants(p.when):
             continue
-        if p.when == "nodes" and mode not in ("node-taint", "cordon"):
-            continue
-        yield p
+        places: tuple[str, ...] = ("",)
+        if p.scope == "namespace" and p.when == "jobs":
+            places = tuple(sorted({ns or namespace for ns in setup.job_namespaces}))
+        elif p.scope == "namespace":
+            places = (namespace,)
+        for where in places:
+            for verb in p.verbs:
+                ask = (p.group, p.resource, p.subresource, verb, where)
+                if ask not in seen:
+                    seen.add(ask)
+                    yield ask
 
 
-def _rbac_check(api: _Api, component: str, namespace: str, mode: str | None) -> Check:
+def _rbac_check(api: _Api, component: str, namespace: str, setup: Setup) -> Check:
     denied: list[str] = []
     asked = 0
-    for p in _needed(component, mode):
-        for verb in p.verbs:
-            attrs: dict[str, Any] = {"group": p.group, "resource": p.resource, "verb": verb}
-            if p.subresource:
-                attrs["subresource"] = p.subresource
-            if p.scope == "namespace":
-                attrs["namespace"] = namespace
-            body = {
-                "apiVersion": "authorization.k8s.io/v1",
-                "kind": "SelfSubjectAccessReview",
-                "spec": {"resourceAttributes": attrs},
-            }
-            status, doc = api.request(
-                "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", body
+    for group, resource, subresource, verb, where in needed(component, setup, namespace):
+        attrs: dict[str, Any] = {"group": group, "resource": resource, "verb": verb}
+        if subresource:
+            attrs["subresource"] = subresource
+        if where:
+            attrs["namespace"] = where
+        body = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attrs},
+        }
+        status, doc = api.request(
+            "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", body
+        )
+        if status == 404:
+            return Check(
+                f"rbac:{component}",
+                "warn",
+                "the server does not serve SelfSubjectAccessReviews: RBAC not checked",
+                "check the component's roles by hand (docs/operations.md)",
             )
-            if status == 404:
-                return Check(
-                    f"rbac:{component}",
-                    "warn",
-                    "the server does not serve SelfSubjectAccessReviews: RBAC not checked",
-                    "check the component's roles by hand (docs/operations.md)",
-                )
-            if status not in (200, 201) or not isinstance(doc, dict):
-                raise Problem(f"SelfSubjectAccessReview: HTTP {status}")
-            asked += 1
-            if (doc.get("status") or {}).get("allowed") is not True:
-                where = f" in {namespace}" if p.scope == "namespace" else ""
-                denied.append(f"{verb} {p.name()}" + (f" ({p.group})" if p.group else "") + where)
+        if status not in (200, 201) or not isinstance(doc, dict):
+            raise Problem(f"SelfSubjectAccessReview: HTTP {status}")
+        asked += 1
+        if (doc.get("status") or {}).get("allowed") is not True:
+            name = resource + (f"/{subresource}" if subresource else "")
+            denied.append(
+                f"{verb} {name}" + (f" ({group})" if group else "")
+                + (f" in {where}" if where else "")
+            )  # fmt: skip
     if denied:
         return Check(
             f"rbac:{component}",
@@ -390,8 +479,10 @@ def diagnose(
     requested_mode: str,
     timeout: float,
     kubelet_dir: Path | None,
+    setup: Setup | None = None,
 ) -> tuple[list[Check], dict[str, Any]]:
-    """All checks, and facts for ``-o json`` (server version, APIs, mode)."""
+    """All checks, and facts for ``-o json`` (server version, APIs, mode). ``setup``:
+    how the components run (default: the chart's defaults); its mode is found here."""
     from drahealth.kube import make_sync_client
 
     checks: list[Check] = []
@@ -411,7 +502,9 @@ def diagnose(
         client = make_sync_client(kubeconfig, context=context, timeout=timeout)
         api = _Api(client._client._client, server, timeout)
         try:
-            checks += _cluster_checks(api, components, namespace, requested_mode, facts)
+            checks += _cluster_checks(
+                api, components, namespace, requested_mode, facts, setup or Setup()
+            )
         finally:
             client.close()
     if kubelet_dir is not None:
@@ -425,6 +518,7 @@ def _cluster_checks(
     namespace: str,
     requested_mode: str,
     facts: dict[str, Any],
+    setup: Setup,
 ) -> list[Check]:
     out: list[Check] = []
     try:
@@ -445,15 +539,17 @@ def _cluster_checks(
         check, mode = _mode_check(served, requested_mode)
         facts["mode"] = mode
         out.append(check)
+    setup = replace(setup, mode=mode)
     for component in components:
         try:
-            out.append(_rbac_check(api, component, namespace, mode))
+            out.append(_rbac_check(api, component, namespace, setup))
         except Problem as exc:
             out.append(Check(f"rbac:{component}", "FAIL", str(exc), "check the API server"))
-    try:
-        out.append(_rules_check(api, served))
-    except Problem as exc:
-        out.append(Check("rules", "FAIL", str(exc), "check the API server"))
+    if "controller" in components:  # the driver's and agent's roles may not list rules
+        try:
+            out.append(_rules_check(api, served))
+        except Problem as exc:
+            out.append(Check("rules", "FAIL", str(exc), "check the API server"))
     return out
 
 
@@ -511,6 +607,32 @@ def _text(checks: list[Check]) -> str:
     show_default=True,
     help="The kubelet's --root-dir, under --node-root.",
 )
+@click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="The controller's policy file: its nodeRollup and repair Jobs decide those "
+    "permissions (without it: the node rollup on, no node taint, no repair Job).",
+)
+@click.option(
+    "--claim-cache/--no-claim-cache",
+    default=True,
+    show_default=True,
+    help="The driver runs with --claim-cache (the chart's default): it lists and watches "
+    "ResourceClaims.",
+)
+@click.option(
+    "--claim-status",
+    is_flag=True,
+    help="The driver runs with --claim-status: it patches resourceclaims/status.",
+)
+@click.option(
+    "--attach",
+    is_flag=True,
+    help="The agent has attached sources (--attach): it lists and watches pods and "
+    "ResourceSlices, reads ResourceClaims and patches pods/status.",
+)
 @click.option("--timeout", type=click.FloatRange(0.1, 300), default=5.0, show_default=True,
               help="Seconds each request to the API server may take.")  # fmt: skip
 @click.option(
@@ -524,6 +646,10 @@ def doctor_command(
     remediation_mode: str,
     node_root: str | None,
     kubelet_dir: str,
+    policy_file: str | None,
+    claim_cache: bool,
+    claim_status: bool,
+    attach: bool,
     timeout: float,
     output: str,
 ) -> None:
@@ -535,8 +661,16 @@ def doctor_command(
     if node_root is None and component in ("agent", "driver"):
         node_root = "/"
     kubelet = Path(node_root) / kubelet_dir.lstrip("/") if node_root is not None else None
+    setup = Setup(claim_cache=claim_cache, claim_status=claim_status, attach=attach)
+    if policy_file is not None:
+        from drahealth.remedy import load_policy
+
+        try:
+            setup = setup_from_policy(setup, load_policy(policy_file))
+        except PolicyError as exc:
+            raise click.BadParameter(str(exc), param_hint="--policy") from None
     checks, facts = diagnose(
-        kubeconfig, context, components, namespace, remediation_mode, timeout, kubelet
+        kubeconfig, context, components, namespace, remediation_mode, timeout, kubelet, setup
     )
     if output == "json":
         doc = {

@@ -33,7 +33,13 @@ from ._discovery import (
     resource_class,
     to_internal,
 )
-from ._events import AGENT_COMPONENT, CONTROLLER_COMPONENT, make_event
+from ._events import (
+    AGENT_COMPONENT,
+    CLUSTER_EVENT_NAMESPACE,
+    CONTROLLER_COMPONENT,
+    event_namespace,
+    make_event,
+)
 from ._leader import FencedClient, LeaderElector, LeaseLost
 from ._ops import (
     apply,
@@ -66,6 +72,7 @@ from ._reflector import (
 
 __all__ = [
     "AGENT_COMPONENT",
+    "CLUSTER_EVENT_NAMESPACE",
     "CONTROLLER_COMPONENT",
     "DEFAULT_KUBECONFIG",
     "DEFAULT_TIMEOUT",
@@ -93,6 +100,7 @@ __all__ = [
     "discover",
     "discover_sync",
     "embedded_kubeconfig",
+    "event_namespace",
     "is_already_exists",
     "is_conflict",
     "is_gone",

@@ -7,6 +7,12 @@ writer), with the ``events.k8s.io`` fields a controller fills where it has them:
 ``action`` (what it did, e.g. ``Taint``, ``Evict``; at most 128 characters) and
 ``related`` (a second object, e.g. the DeviceTaintRule behind an eviction). Creating
 it, folding repeats and logging failures stay with the caller.
+
+Where it lives is the API server's rule for core/v1 Events (``ValidateEventCreate``):
+an Event about a namespaced object is in that object's namespace, and one about a
+cluster-scoped object (a Node, a DeviceTaintRule: no ``involvedObject.namespace``) is in
+:data:`CLUSTER_EVENT_NAMESPACE` (``default``, where client-go's recorder puts them; an
+Event without ``eventTime`` may be nowhere else). :func:`event_namespace` says which.
 """
 
 from __future__ import annotations
@@ -18,12 +24,22 @@ from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Event
 
-__all__ = ["AGENT_COMPONENT", "CONTROLLER_COMPONENT", "EVENT_MESSAGE_MAX", "make_event"]
+__all__ = [
+    "AGENT_COMPONENT",
+    "CLUSTER_EVENT_NAMESPACE",
+    "CONTROLLER_COMPONENT",
+    "EVENT_MESSAGE_MAX",
+    "event_namespace",
+    "make_event",
+]
 
 #: ``source.component``/``reportingComponent`` of the remediation controller's Events.
 CONTROLLER_COMPONENT: Final = "drahealth-controller"
 #: ... and of a node agent's.
 AGENT_COMPONENT: Final = "drahealth-agent"
+
+#: Namespace of the Events about cluster-scoped objects (metav1.NamespaceDefault).
+CLUSTER_EVENT_NAMESPACE: Final = "default"
 
 #: Longest Event message, in characters (the kubelet's recorder cuts at 1024).
 EVENT_MESSAGE_MAX = 1024
@@ -31,10 +47,16 @@ EVENT_MESSAGE_MAX = 1024
 EVENT_ACTION_MAX = 128
 
 
+def event_namespace(involved: ObjectReference) -> str:
+    """Where an Event about ``involved`` must be created: its namespace, or
+    :data:`CLUSTER_EVENT_NAMESPACE` for a cluster-scoped object."""
+    return involved.namespace or CLUSTER_EVENT_NAMESPACE
+
+
 def make_event(
     *,
     name: str,
-    namespace: str,
+    namespace: str | None = None,
     involved: ObjectReference,
     event_type: str,
     reason: str,
@@ -46,7 +68,8 @@ def make_event(
     action: str | None = None,
     related: ObjectReference | None = None,
 ) -> Event:
-    """A new Event ``name`` in ``namespace`` about ``involved``.
+    """A new Event ``name`` in ``namespace`` (default: :func:`event_namespace`'s, the
+    only one the API server accepts) about ``involved``.
 
     ``event_type`` is ``Normal`` or ``Warning``; ``component`` and ``host`` go in
     ``source``, ``component`` and ``instance`` in ``reportingComponent`` and
@@ -55,7 +78,9 @@ def make_event(
     """
     when = now if now is not None else dt.datetime.now(dt.UTC)
     return Event(
-        metadata=ObjectMeta(name=name, namespace=namespace),
+        metadata=ObjectMeta(
+            name=name, namespace=event_namespace(involved) if namespace is None else namespace
+        ),
         involvedObject=involved,
         reason=reason,
         message=message[:EVENT_MESSAGE_MAX],

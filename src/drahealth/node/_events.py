@@ -147,7 +147,6 @@ class EventRecorder:
         assert self._client is not None
         event = make_event(
             name=name,
-            namespace=meta.get("namespace", "default"),
             involved=ObjectReference(
                 apiVersion="v1",
                 kind="Pod",

@@ -59,7 +59,7 @@ from typing import Any, cast
 from lightkube import ApiError, AsyncClient
 from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap, Node, Pod
+from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
 from lightkube.types import PatchType
 
 from drahealth._aio import cancel_and_wait
@@ -230,6 +230,7 @@ class RemediationController:
         self._pending: deque[JSON] = deque(maxlen=HISTORY_LENGTH)  # rows not written yet
         self._history_dirty = False
         self._warned: dict[tuple[str, int], None] = {}  # over-broad rules already warned
+        self._events_refused: dict[tuple[str, int], None] = {}  # (reason, code) warned
         self.passes = 0
 
     def _reset(self) -> None:
@@ -1309,9 +1310,8 @@ class RemediationController:
         and ``related`` (e.g. the rule behind an eviction) are its events.k8s.io fields."""
         if not ref.uid:
             await self._involved_uid(ref)
-        event = make_event(
+        event = make_event(  # in ref's namespace; "default" for a rule or Node (server rule)
             name=f"{ref.name}.{uuid.uuid4().hex[:16]}",
-            namespace=ref.namespace or self.namespace,
             involved=ref,
             event_type=kind,
             reason=reason,
@@ -1324,4 +1324,23 @@ class RemediationController:
         try:
             await self.client.create(event)
         except ApiError as exc:
-            log.debug("recording event %s failed: %s", reason, exc.status.message)
+            self._event_refused(event, reason, exc)
+
+    def _event_refused(self, event: Event, reason: str, exc: ApiError) -> None:
+        """A refused Event is a hole in the audit trail: a warning the first time for each
+        (reason, HTTP code), then debug lines; counted as failures{action="event"}."""
+        self.metrics.failures.labels("event").inc()
+        code = exc.status.code or 0
+        where = event.metadata.namespace if event.metadata else ""
+        if (reason, code) in self._events_refused:
+            log.debug("recording event %s in %s refused: %s", reason, where, exc.status.message)
+            return
+        self._events_refused[(reason, code)] = None
+        while len(self._events_refused) > MAX_WARNED:
+            del self._events_refused[next(iter(self._events_refused))]
+        log.warning(
+            "recording event %s in namespace %s was refused (HTTP %s: %s): such Events are "
+            "missing from the audit trail (the history ConfigMap still has the record); "
+            "further refusals of %s are logged at debug level",
+            reason, where, code, exc.status.message, reason,
+        )  # fmt: skip

@@ -20,7 +20,7 @@ class ControllerMetrics:
         )
         self.failures = Counter(
             "drahealth_remedy_failures",
-            "Rule writes the API server refused.",
+            "Writes the API server refused: rule writes by action, and Events (action=event).",
             ["action"],
             registry=self.registry,
         )

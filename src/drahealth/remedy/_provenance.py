@@ -12,20 +12,26 @@ controller's. An Event counts as drahealth's only when all of these hold:
   agent (:data:`AGENT_COMPONENT`);
 * it lives where that writer puts it: an Event about a namespaced object is in that
   object's namespace (the API server enforces this for core/v1 Events; it is checked
-  again here); the controller's Events about cluster-scoped objects (rules, nodes) and
-  about its own ConfigMaps are in the controller's namespace, and in any other
-  namespace it only writes the eviction Events of a Pod there
-  (:data:`CONTROLLER_POD_REASONS`); an agent only writes Events about Pods with its
-  device-health reasons (:data:`AGENT_POD_REASONS`).
+  again here). The controller's Events about its own ConfigMaps are in its namespace;
+  those about cluster-scoped objects (:data:`CONTROLLER_CLUSTER_KINDS`: rules, nodes)
+  are in ``default`` (:data:`~drahealth.kube.CLUSTER_EVENT_NAMESPACE`: the only
+  namespace the API server accepts for them; its own namespace is still taken, where an
+  older controller wrote them on a server that allowed it); in any other namespace it
+  only writes the eviction Events of a Pod there (:data:`CONTROLLER_POD_REASONS`). An
+  agent only writes Events about Pods with its device-health reasons
+  (:data:`AGENT_POD_REASONS`).
 
 So a tenant can at most forge an eviction or health Event about its *own* pod, in its
-own namespace. Such an Event is only a claim by that namespace, so a device's history
-(:func:`history_source`, for ``drahealth history`` and the dashboard alike) takes it
-only for a device that pod holds now (an allocation result of one of its claims), and
-shows the pod, not the controller or agent, as its source; the controller's own word is
-its history ConfigMap and its Events in its namespace, which tenants cannot write. A
-tenant thus says nothing about anyone else's pod or device history. Pure (dicts in,
-answer out).
+own namespace, or, where it may create Events in ``default``, an Event there about a
+rule or a node. Either is only a claim by that namespace, so a device's history
+(:func:`history_source`, for ``drahealth history`` and the dashboard alike) shows it
+with that namespace as its source, never as the controller's: a Pod's Event only for a
+device that pod holds now (an allocation result of one of its claims), as ``pod
+<ns>/<name> (Event in <ns>)``; an Event in ``default`` about a rule or node as
+``<Kind>/<name> (Event in default)``. The controller's own word is its history
+ConfigMap and its Events in its namespace, which tenants cannot write (where the
+controller runs in ``default``, its Events there are its word). A tenant thus says
+nothing as the controller, nor about anyone else's pod. Pure (dicts in, answer out).
 """
 
 from __future__ import annotations
@@ -34,11 +40,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final, Literal
 
 from drahealth.core import Consumer, mentions_device
-from drahealth.kube import AGENT_COMPONENT, CONTROLLER_COMPONENT
+from drahealth.kube import AGENT_COMPONENT, CLUSTER_EVENT_NAMESPACE, CONTROLLER_COMPONENT
 
 __all__ = [
     "AGENT_COMPONENT",
     "AGENT_POD_REASONS",
+    "CONTROLLER_CLUSTER_KINDS",
     "CONTROLLER_COMPONENT",
     "CONTROLLER_POD_REASONS",
     "history_source",
@@ -49,6 +56,8 @@ __all__ = [
 CONTROLLER_POD_REASONS: Final = frozenset(
     {"DeviceTaintEviction", "EvictionBlocked", "EvictionFailed"}
 )
+#: The cluster-scoped objects the controller writes Events about, in ``default``.
+CONTROLLER_CLUSTER_KINDS: Final = frozenset({"DeviceTaintRule", "Node"})
 #: What an agent says about a Pod, in the Pod's namespace.
 AGENT_POD_REASONS: Final = frozenset({"DeviceUnhealthy", "DeviceHealthUnknown", "DeviceHealthy"})
 
@@ -83,7 +92,18 @@ def recorded_by(event: Mapping[str, Any], controller_namespace: str | None) -> W
         return None
     if controller_namespace is not None and namespace == controller_namespace:
         return "controller"
+    if _cluster_event(namespace, obj_namespace, kind):
+        return "controller"
     return "controller" if pod_event and reason in CONTROLLER_POD_REASONS else None
+
+
+def _cluster_event(namespace: str, obj_namespace: str, kind: str) -> bool:
+    """An Event where the controller puts those about a rule or a node."""
+    return (
+        namespace == CLUSTER_EVENT_NAMESPACE
+        and not obj_namespace
+        and kind in CONTROLLER_CLUSTER_KINDS
+    )
 
 
 def history_source(
@@ -98,11 +118,14 @@ def history_source(
     ``device`` is ``DRIVER/POOL/DEVICE``; ``holders`` are the live pods whose claims
     hold it now (:func:`drahealth.remedy.consumers`). The Event must be drahealth's
     (:func:`recorded_by`) and its message must name ``device``. The controller's Events
-    in its own namespace are its word (``"<component> on <Kind>/<name>"``); any other
-    is an Event about a Pod in that Pod's namespace, which that namespace could have
-    written: it counts only where the Pod (same name, and same uid where the Event names
-    one) is among ``holders``, and its source is the Pod (``"pod <ns>/<name> (Event in
-    <ns>)"``), so a claim is never shown as the controller's record.
+    in its own namespace are its word (``"<component> on <Kind>/<name>"``). Its Events
+    about rules and nodes in ``default`` (another namespace than its own) are shown as
+    what they are, an Event in ``default``, which whoever may create Events there could
+    have written (``"<Kind>/<name> (Event in default)"``). Any other is an Event about a
+    Pod in that Pod's namespace, which that namespace could have written: it counts only
+    where the Pod (same name, and same uid where the Event names one) is among
+    ``holders``, and its source is the Pod (``"pod <ns>/<name> (Event in <ns>)"``). So a
+    claim is never shown as the controller's record.
     """
     writer = recorded_by(event, controller_namespace)
     if writer is None or not mentions_device(_text(event.get("message")), device):
@@ -116,6 +139,8 @@ def history_source(
         source = event.get("source")
         component = _text(source.get("component")) if isinstance(source, Mapping) else ""
         return f"{component} on {kind}/{name}"
+    if writer == "controller" and _cluster_event(namespace, _text(obj.get("namespace")), kind):
+        return f"{kind}/{name} (Event in {namespace})"
     uid = _text(obj.get("uid"))
     for pod in holders if kind == "Pod" else ():
         if (pod.namespace, pod.name) == (namespace, name) and (not uid or uid == pod.uid):

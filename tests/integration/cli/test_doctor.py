@@ -140,6 +140,118 @@ async def test_missing_permissions_are_named_with_the_fix(tmp_path: Path) -> Non
     assert checks["rbac:agent"]["status"] == "ok" and checks["rbac:driver"]["status"] == "ok"
 
 
+NS = "drahealth-system"
+
+
+def _chart_grants(values: dict[str, Any] | None, component: str) -> set[tuple[str, str, str, str]]:
+    """(group, resource, verb, namespace) the chart's roles grant ``component``'s account."""
+    from tests.deploy._render import CHART, render
+
+    out: set[tuple[str, str, str, str]] = set()
+    for doc in render.manifests(render.render_chart(CHART, values, namespace=NS)):
+        if doc["kind"] in ("ClusterRole", "Role") and doc["metadata"]["name"].endswith(
+            f"-{component}"
+        ):
+            ns = NS if doc["kind"] == "Role" else ""
+            for rule in doc["rules"]:
+                out |= {(g, r, v, ns) for g in rule["apiGroups"] for r in rule["resources"]
+                        for v in rule["verbs"]}  # fmt: skip
+    return out
+
+
+class _AsAccount(Narrowing):
+    """The server as one component's ServiceAccount sees it: access reviews answered
+    from the chart's roles, and a list of DeviceTaintRules refused (403) unless granted."""
+
+    def __init__(self, upstream: APIServer, grants: set[tuple[str, str, str, str]]) -> None:
+        super().__init__(upstream, version="1.37", hidden=())
+        self.grants = grants
+
+    def _allowed(self, group: str, resource: str, verb: str, namespace: str) -> bool:
+        return any(
+            (g, r, v) == (group, resource, verb) and ns in ("", namespace)
+            for g, r, v, ns in self.grants
+        )
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if request.path.endswith("/selfsubjectaccessreviews"):
+            body = await request.json()
+            a = body["spec"]["resourceAttributes"]
+            resource = a["resource"] + (f"/{a['subresource']}" if a.get("subresource") else "")
+            allowed = self._allowed(a.get("group", ""), resource, a["verb"],
+                                    a.get("namespace", ""))  # fmt: skip
+            return web.json_response({**body, "status": {"allowed": allowed}}, status=201)
+        if request.path.endswith("/devicetaintrules") and not self._allowed(
+            "resource.k8s.io", "devicetaintrules", "list", ""
+        ):
+            status = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 403,
+                      "reason": "Forbidden", "message": "forbidden"}  # fmt: skip
+            return web.json_response(status, status=403)
+        return await super()._handle(request)
+
+
+async def _doctor_as(
+    values: dict[str, Any] | None, component: str, tmp_path: Path, *args: str
+) -> tuple[int, dict[str, Any]]:
+    server = await _serve(kube_profile("1.37"))
+    proxy = _AsAccount(server, _chart_grants(values, component))
+    await proxy.start()
+    try:
+        kubeconfig = proxy.kubeconfig(tmp_path / f"{component}.kubeconfig")
+        code, doc, _ = await asyncio.to_thread(
+            _doctor, kubeconfig, "--component", component, "--namespace", NS, *args
+        )
+    finally:
+        await proxy.stop()
+        await server.stop()
+    return code, doc
+
+
+@pytest.mark.parametrize("component", ["driver", "agent", "controller"])
+async def test_each_component_passes_with_the_charts_roles(component: str, tmp_path: Path) -> None:
+    """The driver's and agent's roles grant no DeviceTaintRule access: the over-broad rule
+    check is the controller's (before: a FAIL for both); each role passes its RBAC check."""
+    _code, doc = await _doctor_as(None, component, tmp_path, "--node-root", str(tmp_path))
+    checks = _by_check(doc)
+    assert checks[f"rbac:{component}"]["status"] == "ok", checks[f"rbac:{component}"]
+    assert ("rules" in checks) == (component == "controller"), sorted(checks)
+    # (no kubelet here: the node checks fail)
+    assert [c for c in doc["checks"] if c["status"] == "FAIL" and not c["check"].startswith(
+        "node:")] == []  # fmt: skip
+
+
+async def test_the_policy_and_driver_flags_decide_the_optional_permissions(
+    tmp_path: Path,
+) -> None:
+    """A release without the node rollup grants no Node read nor nodes/status patch:
+    doctor asks for them unless ``--policy`` says the rollup is off; a driver without
+    the claim cache is asked for list/watch unless ``--no-claim-cache``."""
+    policy = {"apiVersion": "drahealth.io/v1", "kind": "RemediationPolicy",
+              "nodeRollup": {"enabled": False},
+              "rules": [{"name": "bad", "match": {"health": ["Unhealthy"]},
+                         "action": {"effect": "NoExecute"}}]}  # fmt: skip
+    values = {"controller": {"remediationMode": "taint-rules", "policy": policy},
+              "driver": {"claimCache": False}}  # fmt: skip
+    code, doc = await _doctor_as(values, "controller", tmp_path)
+    rbac = _by_check(doc)["rbac:controller"]
+    assert code == 1 and rbac["message"] == "controller may not: get nodes, patch nodes/status"
+    path = tmp_path / "policy.yaml"
+    path.write_text(json.dumps(policy))
+    code, doc = await _doctor_as(values, "controller", tmp_path, "--policy", str(path))
+    assert code == 0 and _by_check(doc)["rbac:controller"]["status"] == "ok", doc
+    code, doc = await _doctor_as(values, "driver", tmp_path, "--node-root", str(tmp_path))
+    assert _by_check(doc)["rbac:driver"]["message"] == (
+        "driver may not: list resourceclaims (resource.k8s.io), "
+        "watch resourceclaims (resource.k8s.io)"
+    )
+    code, doc = await _doctor_as(
+        values, "driver", tmp_path, "--no-claim-cache", "--node-root", str(tmp_path)
+    )
+    assert _by_check(doc)["rbac:driver"]["status"] == "ok", doc
+    bad = await asyncio.to_thread(run, "doctor", "--policy", str(tmp_path / "missing.yaml"))
+    assert bad.returncode == 2 and "--policy" in bad.stderr, bad.stderr
+
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 #: Set when a test ends: lets the stalling handler return so its server can stop.
 _RELEASE = asyncio.Event()
