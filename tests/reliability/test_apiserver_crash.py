@@ -71,7 +71,8 @@ async def writer(http: aiohttp.ClientSession, name: str, model: Model, rng: rand
         del model.inflight[name]
         model.state[name] = outcome
         model.acked += 1
-        model.handed_out(got["metadata"]["resourceVersion"], name, write)
+        if method != "DELETE":  # a DELETE of a ConfigMap answers a Status, as upstream's
+            model.handed_out(got["metadata"]["resourceVersion"], name, write)
 
 
 async def check_restart(http: aiohttp.ClientSession, model: Model) -> None:
