@@ -84,10 +84,24 @@ async def namespace(client: AsyncClient) -> AsyncIterator[str]:
     name = f"client-stack-{uuid.uuid4().hex[:8]}"
     await client.create(Namespace(metadata=ObjectMeta(name=name)))
     try:
+        # kube-controller-manager publishes kube-root-ca.crt into every new namespace:
+        # wait for it, so it is not an event a test's watch sees later
+        deadline = time.monotonic() + 30
+        while not await _root_ca(client, name):
+            assert time.monotonic() < deadline, f"no kube-root-ca.crt in {name} after 30 s"
+            await asyncio.sleep(0.05)
         yield name
     finally:
         with contextlib.suppress(ApiError):
             await client.delete(Namespace, name)
+
+
+async def _root_ca(client: AsyncClient, namespace: str) -> bool:
+    try:
+        await client.get(ConfigMap, "kube-root-ca.crt", namespace=namespace)
+    except ApiError:
+        return False
+    return True
 
 
 def watched_queries(client: AsyncClient, path: str) -> list[dict[str, str]]:
