@@ -94,6 +94,7 @@ async def wait_phase(client: AsyncClient, pod: str, phase: str, timeout: float =
     raise AssertionError(f"{pod} is {last}, not {phase} after {timeout}s")
 
 
+@pytest.mark.slow  # 8-11 s on 2 cores: the default run stays under 15 min
 async def test_s28_s30_s31_health_follows_the_driver_across_a_restart(
     launch: Callable[..., Any],
     start_agent: Callable[..., Any],
@@ -157,6 +158,7 @@ def _listdir(path: str) -> list[str]:
     return sorted(os.listdir(path)) if os.path.isdir(path) else []
 
 
+@pytest.mark.slow  # 8-11 s on 2 cores: the default run stays under 15 min
 async def test_s33_health_gate_off_writes_no_status(
     launch: Callable[..., Any],
     start_agent: Callable[..., Any],

@@ -100,6 +100,7 @@ def test_printable_removes_sequences_and_controls_and_keeps_text(raw: str, shown
     assert printable(raw) == shown
 
 
+@pytest.mark.slow  # 8-11 s on 2 cores: the default run stays under 15 min
 async def test_markup_and_escape_sequences_are_shown_as_plain_text(
     kubeconfig: str, client: AsyncClient
 ) -> None:

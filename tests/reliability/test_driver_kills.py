@@ -342,6 +342,7 @@ async def test_sigkill_during_prepares_then_restart(
     assert the_agent.proc is not None and the_agent.proc.returncode is None
 
 
+@pytest.mark.slow  # 8-11 s on 2 cores: the default run stays under 15 min
 async def test_rolling_update_two_instances_then_kill(
     base: str,
     processes: list[DriverProcess],

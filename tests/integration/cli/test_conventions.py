@@ -110,6 +110,7 @@ async def test_namespaces_decide_whose_pods_are_consumers_and_the_exit_code(
     assert [c["pod"] for c in json.loads(ml.stdout)[0]["consumers"]] == ["train"]
 
 
+@pytest.mark.slow  # 8-11 s on 2 cores: the default run stays under 15 min
 async def test_every_output_format(kubeconfig: str) -> None:
     k = ("--kubeconfig", kubeconfig, "--context", "live", "-A")
     names = await asyncio.to_thread(run, "pods", *k, "-o", "name")
