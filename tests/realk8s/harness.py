@@ -167,16 +167,15 @@ def _run(
     return done.stdout
 
 
-def _tag_gomod(version: str) -> dict[str, Any]:
-    """The go.mod of ``k8s.io/kubernetes@version``, as ``go mod edit -json`` reads it."""
+def module_gomod(module: str, version: str) -> dict[str, Any]:
+    """The go.mod of ``module@version`` from the proxy, as ``go mod edit -json`` reads it."""
     out = _run(
-        ["go", "mod", "download", "-json", f"k8s.io/kubernetes@{version}"],
-        timeout=600, what=f"the Go module proxy for k8s.io/kubernetes@{version}",
+        ["go", "mod", "download", "-json", f"{module}@{version}"],
+        timeout=600, what=f"the Go module proxy for {module}@{version}",
     )  # fmt: skip
     info = json.loads(out)
     if info.get("Error"):
-        raise HarnessError(f"the Go module proxy refused k8s.io/kubernetes@{version}: "
-                           f"{info['Error']}")  # fmt: skip
+        raise HarnessError(f"the Go module proxy refused {module}@{version}: {info['Error']}")
     edit = _run(["go", "mod", "edit", "-json", info["GoMod"]], timeout=60, what="go mod edit")
     parsed: dict[str, Any] = json.loads(edit)
     return parsed
@@ -239,7 +238,7 @@ def build(version: str, *, say: Any = print) -> Path:
     src = cache_root() / version / "src"
     (src / "cmd" / "etcd").mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    tag = _tag_gomod(version)
+    tag = module_gomod("k8s.io/kubernetes", version)
     (src / "go.mod").write_text(consumer_gomod(version, tag))
     (src / "tools.go").write_text(TOOLS_GO)
     (src / "cmd" / "etcd" / "main.go").write_text(ETCD_MAIN)

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.realk8s.harness import HarnessError, _run, cache_root
+from tests.realk8s.harness import HarnessError, _run, cache_root, module_gomod
 
 HELM_VERSION = "v3.22.0"
 MODULE = "helm.sh/helm/v3"
@@ -57,19 +57,6 @@ def not_built_reason() -> str | None:
     if not helm_built():
         return f"helm {HELM_VERSION} is not built in {helm_dir()} (run: scripts/realk8s build)"
     return None
-
-
-def _tag_gomod() -> dict[str, Any]:
-    out = _run(
-        ["go", "mod", "download", "-json", f"{MODULE}@{HELM_VERSION}"],
-        timeout=600, what=f"the Go module proxy for {MODULE}@{HELM_VERSION}",
-    )  # fmt: skip
-    info = json.loads(out)
-    if info.get("Error"):
-        raise HarnessError(f"the Go module proxy refused {MODULE}@{HELM_VERSION}: {info['Error']}")
-    edit = _run(["go", "mod", "edit", "-json", info["GoMod"]], timeout=60, what="go mod edit")
-    parsed: dict[str, Any] = json.loads(edit)
-    return parsed
 
 
 def ldflags(tag: dict[str, Any]) -> str:
@@ -110,7 +97,7 @@ def build_helm(say: Any = print) -> Path:
     if shutil.which("go") is None:
         raise HarnessError("go is not installed: helm is built with it")
     t0 = time.monotonic()
-    tag = _tag_gomod()
+    tag = module_gomod(MODULE, HELM_VERSION)
     flags = ldflags(tag)
     base = helm_dir()
     stage = base / "stage"
