@@ -15,8 +15,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from drahealth.controlplane import APIServer, StandIns
+from drahealth.controlplane import APIServer
 from drahealth.kube import make_client
+from drahealth.standins import StandIns
 from tests._support import eventually
 
 DRIVER = "gpu.example.com"

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from drahealth.controlplane import _allocate as alloc
 from drahealth.core import kube_profile
+from drahealth.standins import _allocate as alloc
 
 D = "gpu.example.com"
 

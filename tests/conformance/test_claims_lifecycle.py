@@ -26,9 +26,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from drahealth.controlplane import APIServer, StandIns
-from drahealth.controlplane._scheduler import SchedulerStandIn
+from drahealth.controlplane import APIServer
 from drahealth.kube import make_client
+from drahealth.standins import StandIns
+from drahealth.standins._scheduler import SchedulerStandIn
 from tests.conformance._dra_world import CLAIMS, NS, Http, World, eventually, world
 
 __all__ = ["world"]

@@ -22,8 +22,8 @@ import aiohttp
 import pytest
 
 from drahealth.controlplane import APIServer
-from drahealth.controlplane._jobs import JobStandIn
 from drahealth.kube import make_client
+from drahealth.standins._jobs import JobStandIn
 from tests._support import eventually
 
 JOBS = "/apis/batch/v1/namespaces/default/jobs"

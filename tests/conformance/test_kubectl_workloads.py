@@ -36,9 +36,9 @@ import pytest
 from lightkube.models.core_v1 import ObjectReference
 
 from drahealth.controlplane import APIServer
-from drahealth.controlplane._standins import _replica_status
 from drahealth.kube import make_client
 from drahealth.remedy._controller import RemediationController
+from drahealth.standins._replicasets import _replica_status
 from tests.integration.remedy.test_controller import policy
 
 from .test_kubectl import KUBECTL, Cluster, start_server

@@ -37,13 +37,13 @@ from lightkube.resources.resource_v1 import (
     ResourceSlice,
 )
 
-from drahealth.controlplane._standins import StandIns
 from drahealth.core import POD_CONDITION_TYPE, Health, Signal
 from drahealth.kube import as_dict
 from drahealth.node import SOURCE_KINDS, AgentConfig, NodeAgent, parse_attach_config
 from drahealth.node._attach_config import SourceSettings
 from drahealth.remedy._controller import RemediationController
 from drahealth.simdriver import FakeDcgmExporter, sim_nvidia_gpus, sim_nvidia_pool
+from drahealth.standins import StandIns
 from tests._support import eventually
 from tests.integration.kube.conftest import api_server_options, client
 from tests.integration.remedy.test_controller import policy

@@ -24,9 +24,10 @@ from lightkube.models.core_v1 import Container, PodSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Node, Pod
 
-from drahealth.controlplane import APIServer, StandIns
+from drahealth.controlplane import APIServer
 from drahealth.core import KUBE_VERSIONS, KubeProfile, kube_profile
 from drahealth.kube import discover, make_client, resource_class
+from drahealth.standins import StandIns
 from tests._support import eventually
 
 #: 1.35 with the rule API (its gate depends on the taint gate)

@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 
 from drahealth.controlplane import APIServer, ControlPlane
-from drahealth.controlplane._deployments import template_hash
+from drahealth.standins._deployments import template_hash
 from tests._support import eventually
 
 BIN = Path(sys.executable).with_name("drahealth")

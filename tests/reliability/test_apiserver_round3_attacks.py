@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from drahealth.controlplane._cel_k8s import (
+from drahealth._cel_k8s import (
     CELCompileError,
     CELRuntimeError,
     compile_selector,
@@ -138,8 +138,8 @@ def _slow_rule_selector() -> str:
 
 
 async def test_eviction_stand_in_evaluates_rule_selectors_off_the_event_loop() -> None:
-    from drahealth.controlplane._standins import TaintEvictionStandIn
     from drahealth.core import kube_profile
+    from drahealth.standins._taint_eviction import TaintEvictionStandIn
 
     devices = 6
 

@@ -23,17 +23,17 @@ from typing import Any
 import aiohttp
 import pytest
 
-from drahealth.controlplane import APIServer
-from drahealth.controlplane._allocate import AllocationAborted, allocate_claim, devices_from_slices
-from drahealth.controlplane._cel_k8s import (
+from drahealth._cel_k8s import (
     MAX_COST,
     CELCostError,
     CELRuntimeError,
     compile_selector,
     device_value,
 )
+from drahealth.controlplane import APIServer
 from drahealth.controlplane._resources import lookup
 from drahealth.controlplane._validate import object_causes
+from drahealth.standins._allocate import AllocationAborted, allocate_claim, devices_from_slices
 
 pytestmark = pytest.mark.timeout(60)
 

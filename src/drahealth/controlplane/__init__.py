@@ -11,31 +11,20 @@ its feature gates serves them. See ``docs/apiserver.md`` for what is simplified.
 Modules: ``_store`` (objects, resourceVersion, watch buffer), ``_resources`` (kinds,
 discovery), ``_selectors``, ``_patch`` (merge/JSON/strategic patch), ``_apply``
 (server-side apply, managedFields), ``_strategy`` (per-kind create/update rules),
-``_validate``, ``_eviction`` (PDB arithmetic), ``_table`` (kubectl tables),
-``_persist`` (data file), ``_engine`` (operations), ``_server`` (HTTP, lifecycle),
-``_plane`` (``ControlPlane``: the server with the stand-ins started as one, and
-``serve_forever`` for the ``drahealth apiserver`` command). Stand-ins for the cluster's
-controllers, which a real cluster has and the server does not run: ``_allocate``
-(DRA allocation), ``_scheduler`` (node filters, allocation, binding, its Events),
-``_claims`` (the resourceclaim controller: generated claims, reservations, deallocation),
-``_standins`` (device-taint eviction, ReplicaSets, and ``StandIns`` to run them all).
-"""
+``_validate``, ``_batch`` (Job defaulting and validation), ``_eviction`` (PDB
+arithmetic), ``_table`` (kubectl tables), ``_persist`` (data file), ``_engine``
+(operations), ``_server`` (HTTP, lifecycle), ``_plane`` (``ControlPlane``: the server
+with the stand-ins started as one, and ``serve_forever`` for the ``drahealth apiserver``
+command).
 
-from typing import TYPE_CHECKING, Any
+The server itself runs no controllers. The cluster's controllers (scheduler,
+resourceclaim, Deployment, ReplicaSet, Job, device-taint eviction) are
+:mod:`drahealth.standins`, clients of any API server; ``ControlPlane`` runs them over
+this one.
+"""
 
 from ._persist import DataFileError
 from ._plane import ControlPlane, serve_forever
 from ._server import APIServer
 
-if TYPE_CHECKING:
-    from ._standins import StandIns
-
-__all__ = ["APIServer", "ControlPlane", "DataFileError", "StandIns", "serve_forever"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "StandIns":  # imported on use: it pulls in the CEL library
-        from ._standins import StandIns
-
-        return StandIns
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["APIServer", "ControlPlane", "DataFileError", "serve_forever"]

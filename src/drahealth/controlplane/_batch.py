@@ -10,7 +10,7 @@ Job strategy generates on create (``batch.kubernetes.io/controller-uid`` in
 validation rules the project's scenarios reach (``pkg/apis/batch/validation``):
 restart policy, non-negative counts, selector matching the template,
 ``podFailurePolicy`` rules, and the fields that cannot change on update. Pure
-functions over JSON dicts; the Job controller stand-in lives in ``_jobs``.
+functions over JSON dicts; the Job controller stand-in is in :mod:`drahealth.standins`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ CONTROLLER_UID_LABEL = "batch.kubernetes.io/controller-uid"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 LEGACY_CONTROLLER_UID_LABEL = "controller-uid"
 LEGACY_JOB_NAME_LABEL = "job-name"
-#: The finalizer the Job controller puts on its pods until it has counted them.
-TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
 
 DEFAULT_BACKOFF_LIMIT = 6
 _RESTART_POLICIES = ("OnFailure", "Never")

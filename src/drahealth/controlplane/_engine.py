@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from drahealth._time import now_rfc3339
-from drahealth.core import KubeProfile
+from drahealth.core import KubeProfile, with_pod_condition
 
 from . import _apply, _status
 from ._decode import DecodeError, TooLarge, check_object
-from ._eviction import check_eviction, eviction_condition, pdb_status, with_condition
+from ._eviction import check_eviction, eviction_condition, pdb_status
 from ._patch import PatchError, PatchTooLarge, json_patch, merge_patch, strategic_merge
 from ._resources import PRIMITIVE_MERGE_LISTS, Registry, ResourceType, lookup, registry
 from ._selectors import FieldSelector, LabelSelector
@@ -690,10 +690,10 @@ class Engine:
     # ------------------------------------------------------------------ eviction
 
     def evict(self, ns: str, name: str, body: Any, opts: WriteOptions) -> None:
-        if (
+        if (  # a body without apiVersion or kind is decoded as the endpoint's Eviction
             not isinstance(body, dict)
-            or body.get("kind") != "Eviction"
-            or body.get("apiVersion") not in ("policy/v1", "policy/v1beta1")
+            or (body.get("kind") or "Eviction") != "Eviction"
+            or (body.get("apiVersion") or "policy/v1") not in ("policy/v1", "policy/v1beta1")
         ):
             raise _status.bad_request("the body must be a policy/v1 Eviction")
         given = _meta(body).get("name")
@@ -716,7 +716,9 @@ class Engine:
         preconditions are checked first, and a resourceVersion precondition moves to
         the version this write made. Returns the delete options to use."""
         self._check_preconditions(PODS, pod, options)
-        conditions, changed = with_condition(pod.get("status"), eviction_condition(), now_rfc3339())
+        conditions, changed = with_pod_condition(
+            pod.get("status"), eviction_condition(), now_rfc3339()
+        )
         if not changed:
             return options
         candidate = copy.deepcopy(pod)

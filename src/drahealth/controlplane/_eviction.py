@@ -4,9 +4,9 @@ Owns how a PDB's ``status`` follows from the pods its selector matches
 (``expectedPods``, ``currentHealthy``, ``desiredHealthy``, ``disruptionsAllowed``,
 ``observedGeneration``, the ``DisruptionAllowed`` condition), whether an eviction
 may proceed, and the ``DisruptionTarget`` pod condition an eviction (or a taint
-eviction controller) adds before it deletes the pod, with upstream's
-``UpdatePodCondition`` rule for ``lastTransitionTime``. Pure functions; the server
-stores the results.
+eviction controller) adds before it deletes the pod (set by
+:func:`drahealth.core.with_pod_condition`, upstream's ``UpdatePodCondition``). Pure
+functions; the server stores the results.
 
 Simplifications: a pod is healthy when it is not being deleted, its phase is
 ``Running`` and its ``Ready`` condition is ``True`` (a Running pod without any
@@ -43,30 +43,6 @@ def eviction_condition() -> JSON:
         "reason": EVICTION_REASON,
         "message": EVICTION_MESSAGE,
     }
-
-
-def with_condition(status: JSON | None, condition: JSON, now: str) -> tuple[list[JSON], bool]:
-    """The pod's conditions with ``condition`` set, and whether anything changed.
-
-    Upstream's ``UpdatePodCondition``: a new type is appended with
-    ``lastTransitionTime`` ``now``; an existing one is replaced in place, keeping its
-    ``lastTransitionTime`` while its ``status`` stays the same. ``status`` is not
-    modified.
-    """
-    conditions = [dict(c) for c in (status or {}).get("conditions") or [] if isinstance(c, dict)]
-    new = {**condition, "lastTransitionTime": now}
-    for i, old in enumerate(conditions):
-        if old.get("type") != condition.get("type"):
-            continue
-        if old.get("status") == new.get("status") and old.get("lastTransitionTime"):
-            new["lastTransitionTime"] = old["lastTransitionTime"]
-        changed = any(
-            old.get(k) != new.get(k)
-            for k in ("status", "reason", "message", "lastProbeTime", "lastTransitionTime")
-        )
-        conditions[i] = new
-        return conditions, changed
-    return [*conditions, new], True
 
 
 def pod_ready(pod: JSON) -> bool:

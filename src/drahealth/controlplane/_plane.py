@@ -1,7 +1,7 @@
 """The embedded API server with the stand-in controllers, started and stopped as one.
 
 Owns :class:`ControlPlane` (an :class:`APIServer`, a client of its own and, unless turned
-off, the :class:`~drahealth.controlplane.StandIns`: the parts of a cluster that a driver
+off, the :class:`~drahealth.standins.StandIns`: the parts of a cluster that a driver
 needs besides its node) and :func:`serve_forever`, which runs one until SIGINT/SIGTERM for
 ``drahealth apiserver [--with-controllers]``. ``drahealth demo`` starts its control plane
 through :class:`ControlPlane` too, so the command and the demo run the same controllers.
@@ -25,7 +25,7 @@ from ._server import APIServer
 if TYPE_CHECKING:
     from lightkube import AsyncClient
 
-    from ._standins import StandIns
+    from drahealth.standins import StandIns
 
 __all__ = ["ControlPlane", "serve_forever"]
 
@@ -55,7 +55,7 @@ class ControlPlane:
                 url = f"http://127.0.0.1:{self.server.port}"
             self.client = make_client(server_url=url)
             if self.controllers:
-                from ._standins import StandIns  # imported on use: it pulls in CEL
+                from drahealth.standins import StandIns  # imported on use
 
                 self.standins = StandIns(self.client, self.server.profile)
                 await self.standins.start()

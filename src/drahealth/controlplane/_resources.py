@@ -35,6 +35,7 @@ from lightkube.models import (
 )
 
 from drahealth.core import NEWEST_KUBE_VERSION, KubeProfile, kube_profile
+from drahealth.kube import DeviceTaintRuleSpec134
 
 JSON = dict[str, Any]
 Path = tuple[str, ...]
@@ -404,22 +405,9 @@ def _aggregated_resource(rt: ResourceType) -> JSON:
 # --------------------------------------------------------------------------- per release
 
 # The 1.34 alpha DeviceTaintRule (resource.k8s.io/v1alpha3): its selector also has
-# ``deviceClassName`` and CEL ``selectors`` (removed in 1.35), and the rule has no
-# ``status`` yet. The models lightkube ships describe the 1.35+ shape, so these three
-# describe the 1.34 one for decode-validation.
-
-
-class DeviceTaintSelector134(msgspec.Struct, omit_defaults=True):
-    device: str | None = None
-    deviceClassName: str | None = None
-    driver: str | None = None
-    pool: str | None = None
-    selectors: list[resource_v1.DeviceSelector] | None = None
-
-
-class DeviceTaintRuleSpec134(msgspec.Struct, omit_defaults=True):
-    taint: resource_v1alpha3.DeviceTaint
-    deviceSelector: DeviceTaintSelector134 | None = None
+# ``deviceClassName`` and CEL ``selectors`` (removed in 1.35; the spec's model is
+# drahealth.kube's), and the rule has no ``status`` yet. The models lightkube ships
+# describe the 1.35+ shape, so this one describes the 1.34 rule for decode-validation.
 
 
 class DeviceTaintRule134(msgspec.Struct, omit_defaults=True):

@@ -25,10 +25,15 @@ from typing import Any
 import msgspec
 import msgspec.inspect as mi
 
+from drahealth._cel_k8s import (
+    MAX_EXPRESSION_LENGTH,
+    CELCompileError,
+    CELCostError,
+    compile_selector,
+)
 from drahealth.core import KubeProfile, matches_dns_label, matches_dns_subdomain
 
 from ._batch import job_causes
-from ._cel_k8s import MAX_EXPRESSION_LENGTH, CELCompileError, CELCostError, compile_selector
 from ._resources import ResourceType
 from ._selectors import (
     SelectorError,

@@ -129,6 +129,7 @@ from drahealth.core._names import (
     matches_dns_subdomain,
     matches_qualified_name_part,
 )
+from drahealth.core._pod_conditions import with_pod_condition
 from drahealth.core._policy import (
     BURN_IN_NEW,
     BURN_IN_REPAIRED,
@@ -453,6 +454,7 @@ __all__ = [
     "tolerated",
     "truncate_message",
     "unserved_reason",
+    "with_pod_condition",
     "xid_is_fatal",
     "xid_message",
 ]

@@ -5,9 +5,11 @@ Everything goes through a lightkube client built by :func:`make_client` (async) 
 in-cluster. :class:`Reflector` keeps a typed, event-emitting cache of one kind
 (LIST/WATCH, bookmarks, 410 relist, backoff). ``_ops`` has the write helpers
 (status patches, server-side apply, conflict retry) and error predicates;
-:class:`LeaderElector` campaigns for a Lease.
+:class:`LeaderElector` campaigns for a Lease. :class:`DeviceTaintRuleSpec134` is the
+1.34 alpha DeviceTaintRule's spec, which lightkube's models lack.
 
-Knows nothing of the packages above it (driver, node, remedy, controlplane, cli, web).
+Knows nothing of the packages above it (driver, node, remedy, standins, controlplane,
+cli, web).
 """
 
 from ._client import (
@@ -69,6 +71,7 @@ from ._reflector import (
     resource_version,
     rv_newer,
 )
+from ._rule134 import DeviceTaintRuleSpec134, DeviceTaintSelector134
 
 __all__ = [
     "AGENT_COMPONENT",
@@ -80,6 +83,8 @@ __all__ = [
     "SERVICE_ACCOUNT_DIR",
     "TRANSPORT_ERRORS",
     "Backoff",
+    "DeviceTaintRuleSpec134",
+    "DeviceTaintSelector134",
     "DiscoveryError",
     "EventStream",
     "FencedClient",

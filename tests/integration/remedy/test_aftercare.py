@@ -25,8 +25,8 @@ from lightkube.types import PatchType
 
 from drahealth.cli import main
 from drahealth.controlplane import APIServer
-from drahealth.controlplane._jobs import JobStandIn
 from drahealth.remedy._controller import HISTORY_CONFIGMAP
+from drahealth.standins._jobs import JobStandIn
 from tests._support import eventually
 from tests.integration.kube.conftest import api_server_options, client
 from tests.integration.remedy.test_controller import (

@@ -27,8 +27,8 @@ from lightkube.resources.resource_v1 import (
     ResourceSlice,
 )
 
-from drahealth.controlplane._standins import StandIns
 from drahealth.remedy._controller import RemediationController
+from drahealth.standins import StandIns
 from tests.integration.kube.conftest import api_server_options, client
 from tests.integration.remedy.test_controller import policy, set_health
 

@@ -20,10 +20,10 @@ from drahealth.controlplane._eviction import (
     EVICTION_MESSAGE,
     EVICTION_REASON,
     eviction_condition,
-    with_condition,
 )
 from drahealth.controlplane._status import APIError
 from drahealth.controlplane._store import Store
+from drahealth.core import with_pod_condition
 
 EVICTION = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "p"}}
 
@@ -143,15 +143,15 @@ def test_update_pod_condition_rule() -> None:
     """New: appended with the time; same status: time kept, reason/message replaced in
     place; changed status: new time; identical: no change."""
     status = {"conditions": [{"type": "Ready", "status": "True"}]}
-    conds, changed = with_condition(status, eviction_condition(), "T1")
+    conds, changed = with_pod_condition(status, eviction_condition(), "T1")
     assert changed and conds[-1]["lastTransitionTime"] == "T1" and conds[0]["type"] == "Ready"
-    assert with_condition({"conditions": conds}, eviction_condition(), "T2") == (conds, False)
+    assert with_pod_condition({"conditions": conds}, eviction_condition(), "T2") == (conds, False)
     other = {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByDeviceTaintManager",
              "message": "Device Taint manager: deleting due to NoExecute taint"}  # fmt: skip
-    again, changed = with_condition({"conditions": conds}, other, "T3")
+    again, changed = with_pod_condition({"conditions": conds}, other, "T3")
     assert changed and len(again) == 2
     assert again[1]["reason"] == "DeletionByDeviceTaintManager"
     assert again[1]["lastTransitionTime"] == "T1"
-    flipped, changed = with_condition({"conditions": again}, {**other, "status": "False"}, "T4")
+    flipped, changed = with_pod_condition({"conditions": again}, {**other, "status": "False"}, "T4")
     assert changed and flipped[1]["lastTransitionTime"] == "T4"
     assert status == {"conditions": [{"type": "Ready", "status": "True"}]}  # not modified

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from drahealth.controlplane._batch import default_job, job_causes, job_update_causes
-from drahealth.controlplane._jobs import _Backoff, match_pod_failure_policy
 from drahealth.controlplane._resources import by_kind
 from drahealth.controlplane._table import table
+from drahealth.standins._jobs import _Backoff, match_pod_failure_policy
 
 POLICY = {
     "rules": [

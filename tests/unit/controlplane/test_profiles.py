@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from drahealth.controlplane._allocate import Device
 from drahealth.controlplane._openapi import Documents
 from drahealth.controlplane._resources import lookup, registry
-from drahealth.controlplane._scheduler import node_misfit, rule_taints
 from drahealth.controlplane._strategy import drop_disabled_fields, prepare_create
 from drahealth.controlplane._validate import object_causes
 from drahealth.core import kube_profile
+from drahealth.standins._allocate import Device
+from drahealth.standins._scheduler import node_misfit, rule_taints
 
 #: 1.35 with the rule API (its gate depends on the taint gate)
 RULES_1_35 = {"DRADeviceTaints": True, "DRADeviceTaintRules": True}

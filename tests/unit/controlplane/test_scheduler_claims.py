@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from drahealth.controlplane._claims import generate_name, owning_pod, pod_done, reserve_ops
 from drahealth.controlplane._patch import PatchError, json_patch
-from drahealth.controlplane._scheduler import fit_error, node_misfit, node_selector_matches
+from drahealth.standins._claims import generate_name, owning_pod, pod_done, reserve_ops
+from drahealth.standins._scheduler import fit_error, node_misfit, node_selector_matches
 
 
 def test_generate_name_is_pod_claim_and_a_hyphen() -> None:

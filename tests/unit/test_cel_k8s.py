@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from drahealth.controlplane._cel_k8s import (
+from drahealth._cel_k8s import (
     CELCompileError,
     CELRuntimeError,
     Quantity,

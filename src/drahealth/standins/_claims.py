@@ -21,8 +21,8 @@ controller (``pkg/controller/resourceclaim``):
   ``resource.kubernetes.io/delete-protection`` finalizer the scheduler added is
   removed (also for a claim being deleted);
 * an unreserved claim generated for a pod that is done or replaced is deleted; so is
-  one whose pod is gone (the garbage collector's job upstream: the embedded control
-  plane has none).
+  one whose pod is gone (the garbage collector's job upstream, which the stand-ins do
+  not run).
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate
 from lightkube.types import PatchType
 
-from drahealth.controlplane._loop import reconcile_loop
 from drahealth.kube import Reflector, as_dict, make_event
+
+from ._loop import reconcile_loop
 
 __all__ = [
     "FINALIZER",

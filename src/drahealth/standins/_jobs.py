@@ -47,15 +47,17 @@ from lightkube.resources.batch_v1 import Job
 from lightkube.resources.core_v1 import Event, Pod
 from lightkube.types import PatchType
 
-from drahealth.controlplane._batch import TRACKING_FINALIZER
-from drahealth.controlplane._loop import reconcile_loop, slow_start
 from drahealth.kube import Reflector, make_event
 
-__all__ = ["JobStandIn", "match_pod_failure_policy"]
+from ._loop import pod_active, reconcile_loop, slow_start
+
+__all__ = ["TRACKING_FINALIZER", "JobStandIn", "match_pod_failure_policy"]
 
 log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
+#: The finalizer the Job controller puts on its pods until it has counted them.
+TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
 DEFAULT_BACKOFF = 10.0
 MAX_BACKOFF = 360.0
 #: Pods created per Job and pass (upstream caps creations per sync at 500).
@@ -129,12 +131,6 @@ def _pod_failed(pod: JSON, job: JSON) -> bool:
     if _only_replace_failed(job):
         return False
     return _terminating(pod)
-
-
-def _active(pod: JSON) -> bool:
-    return _phase(pod) not in ("Succeeded", "Failed") and not pod["metadata"].get(
-        "deletionTimestamp"
-    )
 
 
 def _tracked(pod: JSON) -> bool:
@@ -345,7 +341,7 @@ class JobStandIn:
                     "FailureTarget", "BackoffLimitExceeded",
                     "Job has reached the specified backoff limit",
                 )  # fmt: skip
-        active = [p for p in pods if _active(p)]
+        active = [p for p in pods if pod_active(p)]
         terminating = sum(1 for p in pods if _terminating(p) and not _pod_failed(p, job))
         if target is not None or done is not None:
             for p in active:  # a finished Job keeps nothing running

@@ -1,10 +1,11 @@
-"""The loop every stand-in controller runs: reflectors in, one pass per change.
+"""What every stand-in controller shares: the loop, batched creates, live pods.
 
 Owns :func:`reconcile_loop` (start the reflectors, wait for their first LIST, then run
-``step`` after every change, at least once a second, logging API errors and going on)
-and :func:`slow_start` (how a stand-in creates many objects for one owner: batches of
+``step`` after every change, at least once a second, logging API errors and going on),
+:func:`slow_start` (how a stand-in creates many objects for one owner: batches of
 1, 2, 4, ... as upstream's ``slowStartBatch``, the owner re-checked before each batch and
-each create, stopping at the first failure).
+each create, stopping at the first failure) and :func:`pod_active` (upstream's
+``IsPodActive``: a pod that has not ended and is not being deleted).
 """
 
 from __future__ import annotations
@@ -19,12 +20,22 @@ from lightkube import ApiError
 
 from drahealth.kube import Reflector
 
-__all__ = ["BURST", "reconcile_loop", "slow_start"]
+__all__ = ["BURST", "pod_active", "reconcile_loop", "slow_start"]
 
 #: Most objects one pass creates for one owner (upstream's ``BurstReplicas``).
 BURST = 500
 
 log = logging.getLogger(__name__)
+
+_ENDED = ("Succeeded", "Failed")
+
+
+def pod_active(pod: dict[str, Any]) -> bool:
+    """Not ``Succeeded`` or ``Failed`` and not being deleted (upstream's ``IsPodActive``)."""
+    return (
+        not pod["metadata"].get("deletionTimestamp")
+        and (pod.get("status") or {}).get("phase") not in _ENDED
+    )
 
 
 async def reconcile_loop(

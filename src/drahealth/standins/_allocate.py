@@ -2,8 +2,8 @@
 
 Owns :func:`allocate_claim` (and :func:`allocate`, its older two-value form), which
 picks devices for one ResourceClaim from ResourceSlices as upstream's structured
-allocator does, and :class:`AllocationError`. A stand-in for the embedded control
-plane (one claim at a time, first solution wins, no scoring), not a scheduler:
+allocator does, and :class:`AllocationError`. A stand-in (one claim at a time, first
+solution wins, no scoring), not a scheduler:
 
 * requests ``exactly`` (``allocationMode`` ExactCount with ``count``, or All) and
   ``firstAvailable`` (subrequests in order, result ``<request>/<sub>``), searched
@@ -13,7 +13,7 @@ plane (one claim at a time, first solution wins, no scoring), not a scheduler:
   the attribute, with one value) and, where the release serves
   ``DRAConsumableCapacity``, ``distinctAttribute`` (pairwise different values);
 * DeviceClass and request ``selectors`` in the Kubernetes CEL environment
-  (:mod:`._cel_k8s`, each evaluation metered against upstream's cost budget); a
+  (:mod:`drahealth._cel_k8s`, each evaluation metered against upstream's cost budget); a
   runtime error (the budget exceeded included) aborts the allocation with
   :class:`AllocationAborted` naming the class or claim, the selector and the device;
 * devices allocated to other claims are skipped unless the request has
@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from drahealth.controlplane._cel_k8s import (
+from drahealth._cel_k8s import (
     CELCompileError,
     CELRuntimeError,
     CELTimeout,

@@ -1,28 +1,15 @@
-"""Stand-ins for two kube-controller-manager controllers, and the runner of all stand-ins.
+"""Stand-in for kube-controller-manager's device-taint eviction controller (KEP-5055).
 
-Owns :class:`TaintEvictionStandIn` (the device-taint eviction controller, KEP-5055):
-a live pod whose allocated claim holds a device with a NoExecute taint (from its
-ResourceSlice or a DeviceTaintRule) that the claim's request does not tolerate gets
-the ``DisruptionTarget`` condition (reason ``DeletionByDeviceTaintManager``) and is
-deleted; a toleration with ``tolerationSeconds`` delays that to the taint's
-``timeAdded`` + seconds. It does not touch pods that tolerate the taint. A rule with an
-empty selector selects every device, as upstream's does (KEP-5055; kubernetes#141422
-shows one evicting every pod using a DRA device): the stand-in keeps that behaviour
-and logs a warning naming the rule. Rules are read at the version the release profile
-serves; their ``status`` is written only where the release has it (1.35+).
-
-Owns :class:`ReplicaSetStandIn`: keeps ``spec.replicas`` live pods (not ended, not
-being deleted) per ReplicaSet from its template, as the ReplicaSet controller does
-(at most :data:`~._loop.BURST` creates per pass, in slow-start batches, stopping at once
-when the set is deleted or replaced), and writes its status (``replicas``,
-``fullyLabeledReplicas``, ``readyReplicas``, ``availableReplicas`` after
-``minReadySeconds``, ``observedGeneration``).
-
-:class:`StandIns` runs the scheduler, resourceclaim, Deployment (``_deployments``) and Job
-(``_jobs``) stand-ins and these two, following a release profile: the eviction stand-in
-runs only where the release evicts for device taints (``DRADeviceTaints``). Stand-ins
-serve the embedded control plane only; a real
-cluster has the real controllers.
+Owns :class:`TaintEvictionStandIn`: a live pod whose allocated claim holds a device with
+a NoExecute taint (from its ResourceSlice or a DeviceTaintRule) that the claim's request
+does not tolerate gets the ``DisruptionTarget`` condition (reason
+``DeletionByDeviceTaintManager``) and is deleted; a toleration with
+``tolerationSeconds`` delays that to the taint's ``timeAdded`` + seconds. It does not
+touch pods that tolerate the taint. A rule with an empty selector selects every device,
+as upstream's does (KEP-5055; kubernetes#141422 shows one evicting every pod using a DRA
+device): the stand-in keeps that behaviour and logs a warning naming the rule. Rules
+are read at the version the release profile serves; their ``status`` is written only
+where the release has it (1.35+).
 """
 
 from __future__ import annotations
@@ -30,28 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import functools
 import logging
 import secrets
-import time
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
 from lightkube.models.core_v1 import ObjectReference
-from lightkube.resources.apps_v1 import ReplicaSet
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import DeviceClass, ResourceClaim, ResourceSlice
 from lightkube.types import PatchType
 
-from drahealth._aio import cancel_and_wait
 from drahealth._time import now_rfc3339
-from drahealth.controlplane._allocate import Device, devices_from_slices
-from drahealth.controlplane._claims import ClaimsStandIn
-from drahealth.controlplane._deployments import DeploymentStandIn
-from drahealth.controlplane._eviction import with_condition
-from drahealth.controlplane._jobs import JobStandIn
-from drahealth.controlplane._loop import BURST, reconcile_loop, slow_start
-from drahealth.controlplane._scheduler import SchedulerStandIn, rule_class, rule_taints
 from drahealth.core import (
     NEWEST_KUBE_VERSION,
     KubeProfile,
@@ -63,22 +39,19 @@ from drahealth.core import (
     selector_scope,
     selects,
     tolerated,
+    with_pod_condition,
 )
 from drahealth.kube import Reflector, as_dict, make_event
 
-__all__ = ["ReplicaSetStandIn", "StandIns", "TaintEvictionStandIn"]
+from ._allocate import Device, devices_from_slices
+from ._loop import pod_active, reconcile_loop
+from ._scheduler import rule_class, rule_taints
+
+__all__ = ["TaintEvictionStandIn"]
 
 log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
-_ENDED = ("Succeeded", "Failed")
-
-
-def _live(pod: JSON) -> bool:
-    return (
-        not pod["metadata"].get("deletionTimestamp")
-        and (pod.get("status") or {}).get("phase") not in _ENDED
-    )
 
 
 class TaintEvictionStandIn:
@@ -137,7 +110,7 @@ class TaintEvictionStandIn:
         classes = {}
         if self.classes is not None:
             classes = {str(c["metadata"]["name"]): c for c in self.classes.store.dicts()}
-        live = [pod for pod in self.pods.store.dicts() if _live(pod)]
+        live = [pod for pod in self.pods.store.dicts() if pod_active(pod)]
         from_rules = await self._rule_taints_off_loop(
             rule_taints(rules, ("NoExecute",), classes), devices, live
         )
@@ -259,7 +232,7 @@ class TaintEvictionStandIn:
             "reason": "DeletionByDeviceTaintManager",
             "message": "Device Taint manager: deleting due to NoExecute taint",
         }
-        conditions, changed = with_condition(pod.get("status"), condition, now_rfc3339())
+        conditions, changed = with_pod_condition(pod.get("status"), condition, now_rfc3339())
         if changed:
             with contextlib.suppress(ApiError):
                 await self.client.patch(
@@ -300,163 +273,3 @@ def _from_rule(rule: JSON, device: tuple[str, str, str], taint: Taint) -> bool:
     if (own.get("key"), own.get("effect")) != (taint.key, taint.effect):
         return False
     return selects(spec.get("deviceSelector"), *device)
-
-
-def _owned_by(pod: JSON, owner: JSON) -> bool:
-    meta = pod["metadata"]
-    return meta.get("namespace") == owner["namespace"] and any(
-        o.get("uid") == owner["uid"] for o in meta.get("ownerReferences") or []
-    )
-
-
-def _ready_since(pod: JSON) -> float | None:
-    """When the pod became ready (epoch seconds; 0 when unknown), None if it is not."""
-    status = pod.get("status") or {}
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == "Ready":
-            if cond.get("status") != "True":
-                return None
-            try:
-                when = datetime.datetime.fromisoformat(str(cond.get("lastTransitionTime")))
-            except ValueError:
-                return 0.0
-            return when.timestamp()
-    return 0.0 if status.get("phase") == "Running" else None
-
-
-def _replica_status(rs: JSON, live: list[JSON]) -> JSON:
-    """The ReplicaSet controller's counts: replicas, pods whose labels carry all of the
-    template's, ready pods, pods ready for ``minReadySeconds``, the generation seen."""
-    spec = rs.get("spec") or {}
-    template = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
-    min_ready = int(spec.get("minReadySeconds") or 0)
-    now = time.time()
-    labeled = ready = available = 0
-    for pod in live:
-        labels = pod["metadata"].get("labels") or {}
-        labeled += all(labels.get(k) == v for k, v in template.items())
-        since = _ready_since(pod)
-        if since is not None:
-            ready += 1
-            available += min_ready == 0 or since + min_ready <= now
-    return {
-        "replicas": len(live),
-        "fullyLabeledReplicas": labeled,
-        "readyReplicas": ready,
-        "availableReplicas": available,
-        "observedGeneration": rs["metadata"].get("generation", 1),
-    }
-
-
-class ReplicaSetStandIn:
-    """See the module docstring; ``run()`` until cancelled."""
-
-    def __init__(self, client: AsyncClient) -> None:
-        self.client = client
-        self.sets: Reflector[ReplicaSet] = Reflector(client, ReplicaSet, name="rs-sets")
-        self.pods: Reflector[Pod] = Reflector(client, Pod, name="rs-pods")
-        self.created = 0
-
-    async def run(self) -> None:
-        await reconcile_loop([self.sets, self.pods], self.pass_once, "replicasets")
-
-    async def pass_once(self) -> None:
-        pods = self.pods.store.dicts()
-        for rs in self.sets.store.dicts():
-            meta, spec = rs["metadata"], rs.get("spec") or {}
-            owned = [p for p in pods if _owned_by(p, meta)]
-            live = sorted((p for p in owned if _live(p)), key=lambda p: p["metadata"]["name"])
-            want = max(0, int(spec.get("replicas", 1)))
-            if not self._current(meta):
-                continue  # deleted (or replaced) since this pass began
-            missing = min(want - len(live), BURST)
-            if missing > 0:
-                await slow_start(missing, functools.partial(self._create, rs),
-                                 functools.partial(self._current, meta))  # fmt: skip
-            for extra in live[want:]:
-                with contextlib.suppress(ApiError):
-                    await self.client.delete(
-                        Pod, extra["metadata"]["name"], namespace=meta["namespace"]
-                    )
-            status = _replica_status(rs, live[:want])
-            if {k: (rs.get("status") or {}).get(k) for k in status} != status:
-                with contextlib.suppress(ApiError):
-                    await self.client.patch(
-                        ReplicaSet.Status, meta["name"], {"status": status},
-                        namespace=meta["namespace"], patch_type=PatchType.MERGE,
-                    )  # fmt: skip
-
-    def _current(self, meta: JSON) -> bool:
-        """Whether the set ``meta`` describes is still in the cache, same uid, not deleting."""
-        cached = self.sets.store.get(meta["namespace"], meta["name"])
-        if cached is None or cached.metadata is None:
-            return False
-        return cached.metadata.uid == meta["uid"] and cached.metadata.deletionTimestamp is None
-
-    async def _create(self, rs: JSON) -> None:
-        meta = rs["metadata"]
-        template = (rs.get("spec") or {}).get("template") or {}
-        pod_meta = dict(template.get("metadata") or {})
-        pod_meta.update(
-            name=f"{meta['name']}-{secrets.token_hex(3)}",
-            namespace=meta["namespace"],
-            ownerReferences=[
-                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": meta["name"],
-                 "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
-            ],
-        )  # fmt: skip
-        body = {"metadata": pod_meta, "spec": template.get("spec") or {}}
-        await self.client.create(Pod.from_dict(body))  # type: ignore[call-overload]
-        self.created += 1
-
-
-class StandIns:
-    """The embedded control plane's controllers: scheduler, resourceclaims, taint eviction,
-    Deployments, ReplicaSets, Jobs.
-
-    ``profile`` is the release the API server serves (None: the newest); without
-    ``DRADeviceTaints`` there is no taint eviction (``taint_eviction`` is None).
-    """
-
-    def __init__(self, client: AsyncClient, profile: KubeProfile | None = None) -> None:
-        profile = profile or kube_profile(NEWEST_KUBE_VERSION)
-        self.profile = profile
-        self.scheduler = SchedulerStandIn(client, profile)
-        self.claims = ClaimsStandIn(client)
-        self.taint_eviction: TaintEvictionStandIn | None = (
-            TaintEvictionStandIn(client, profile) if profile.taint_eviction else None
-        )
-        self.replicasets = ReplicaSetStandIn(client)
-        self.deployments = DeploymentStandIn(client)
-        self.jobs = JobStandIn(client)
-        self._tasks: list[asyncio.Task[None]] = []
-
-    async def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(self.scheduler.run(), name="scheduler-stand-in"),
-            asyncio.create_task(self.claims.run(), name="resourceclaim-stand-in"),
-            asyncio.create_task(self.replicasets.run(), name="replicaset-stand-in"),
-            asyncio.create_task(self.deployments.run(), name="deployment-stand-in"),
-            asyncio.create_task(self.jobs.run(), name="job-stand-in"),
-        ]
-        if self.taint_eviction is not None:
-            self._tasks.append(
-                asyncio.create_task(self.taint_eviction.run(), name="taint-eviction-stand-in")
-            )
-
-    def describe(self) -> list[str]:
-        """What runs, one phrase per stand-in, in the order they start."""
-        running = [
-            "scheduler (node filters, DRA allocation, binding)",
-            "resourceclaim controller (claims from templates, reservations)",
-            "Deployment controller (Recreate)",
-            "ReplicaSet controller",
-            "Job controller",
-        ]
-        if self.taint_eviction is not None:
-            running.append("device-taint eviction (NoExecute)")
-        return running
-
-    async def stop(self) -> None:
-        await cancel_and_wait(self._tasks)
-        self._tasks = []

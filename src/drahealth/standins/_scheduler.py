@@ -32,8 +32,8 @@ release profile: ignored without ``DRADeviceTaints``, DeviceTaintRules read at t
 version the release serves (not at all when none); a 1.34 alpha rule's
 ``deviceClassName`` and CEL ``selectors`` narrow what it selects.
 
-A stand-in for the embedded control plane: one pod at a time, the first feasible node
-by name (no scoring), no preemption.
+A stand-in: one pod at a time, the first feasible node by name (no scoring), no
+preemption.
 """
 
 from __future__ import annotations
@@ -59,24 +59,6 @@ from lightkube.resources.resource_v1 import (
 )
 from lightkube.types import PatchType
 
-from drahealth.controlplane._allocate import (
-    Allocation,
-    AllocationAborted,
-    AllocationError,
-    Device,
-    allocate_claim,
-    cel_selects,
-    devices_from_slices,
-    extended_resource_requests,
-)
-from drahealth.controlplane._claims import (
-    FINALIZER,
-    RESERVED_FOR_MAX,
-    owning_pod,
-    reserve_ops,
-)
-from drahealth.controlplane._loop import reconcile_loop
-from drahealth.controlplane._resources import DeviceTaintRuleSpec134
 from drahealth.core import (
     NEWEST_KUBE_VERSION,
     KubeProfile,
@@ -86,7 +68,25 @@ from drahealth.core import (
     selects,
     tolerated,
 )
-from drahealth.kube import Reflector, as_dict, make_event, resource_class
+from drahealth.kube import DeviceTaintRuleSpec134, Reflector, as_dict, make_event, resource_class
+
+from ._allocate import (
+    Allocation,
+    AllocationAborted,
+    AllocationError,
+    Device,
+    allocate_claim,
+    cel_selects,
+    devices_from_slices,
+    extended_resource_requests,
+)
+from ._claims import (
+    FINALIZER,
+    RESERVED_FOR_MAX,
+    owning_pod,
+    reserve_ops,
+)
+from ._loop import reconcile_loop
 
 __all__ = [
     "SchedulerStandIn",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from drahealth.controlplane._deployments import deployment_status, template_hash
+from drahealth.standins._deployments import deployment_status, template_hash
 
 JSON = dict[str, Any]
 TEMPLATE: JSON = {

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from drahealth.controlplane._allocate import (
+from drahealth.standins._allocate import (
     AllocationError,
     Device,
     Taint,
