@@ -420,6 +420,11 @@ def _v2_sorted(keys: list[str]) -> list[str]:
 class _GoYamlDumper(yaml.SafeDumper):
     """PyYAML's emitter (libyaml's, as go-yaml's) with go-yaml v2's choices of style."""
 
+    def ignore_aliases(self, data: Any) -> bool:
+        """No anchors: helm's toYaml goes through JSON, so a value met twice (a values
+        file's alias) is written out twice."""
+        return True
+
 
 def _go_str(dumper: yaml.SafeDumper, s: str) -> yaml.ScalarNode:
     style = "|" if "\n" in s else ('"' if _v2_not_a_string(s) else None)

@@ -324,10 +324,16 @@ def test_rbac_is_least_privilege() -> None:
     driver = _grants(one(manifests, "ClusterRole", "-driver")["rules"])
     assert ("resource.k8s.io", "resourceslices", "create") in driver
     assert not any(r == "devicetaintrules" or r == "pods" for _, r, _ in driver)
+    assert ("resource.k8s.io", "resourceslices", "get") not in driver  # a watch, never a get
     agent = _grants(one(manifests, "ClusterRole", "-agent")["rules"])
-    events = {(g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")}
-    assert agent == {("", "pods", "get")} | events
+    # core/v1 Events only (a repeat patches the first one's count)
+    assert agent == {("", "pods", "get"), ("", "events", "create"), ("", "events", "patch")}
     controller = _grants(one(manifests, "ClusterRole", "-controller")["rules"])
+    assert ("", "events", "create") in controller
+    assert not {(g, r, v) for g, r, v in controller if r == "events"} - {("", "events", "create")}
+    # what it reads it watches: no get of pods, claims or slices
+    assert not {v for _, r, v in controller
+                if r in ("pods", "resourceclaims", "resourceslices") and v == "get"}  # fmt: skip
     assert ("", "pods/eviction", "create") in controller
     assert ("resource.k8s.io", "devicetaintrules/status", "patch") in controller
     assert ("", "pods", "delete") not in controller and ("", "pods", "patch") not in controller

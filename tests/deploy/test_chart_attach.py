@@ -108,8 +108,6 @@ def test_nvidia_values_attach_a_kmsg_source_the_agent_accepts() -> None:
         ("", "pods/status", "patch"),
         ("", "events", "create"),
         ("", "events", "patch"),
-        ("events.k8s.io", "events", "create"),
-        ("events.k8s.io", "events", "patch"),
     }
 
 

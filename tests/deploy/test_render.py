@@ -104,6 +104,14 @@ def test_values_merge_like_helm() -> None:
     assert base["d"] == 1  # inputs untouched
 
 
+def test_to_yaml_writes_a_shared_value_out_each_time() -> None:
+    """A values file's alias (one object met twice) comes out as helm writes it: twice,
+    no anchor."""
+    shared = {"transitions": 10}
+    out = run("{{ toYaml .Values.rules }}", {"rules": [{"h": shared}, {"h": shared}]})
+    assert out == "- h:\n    transitions: 10\n- h:\n    transitions: 10"
+
+
 def test_set_flag() -> None:
     assert render.parse_set("a.b=3") == {"a": {"b": 3}}
     assert render.parse_set("a=true") == {"a": True}

@@ -101,14 +101,14 @@ _R = DRA_GROUP
 #: What each component does with the API: the chart's roles (deploy/helm/drahealth).
 PERMISSIONS: dict[str, tuple[Permission, ...]] = {
     "controller": (
-        Permission("", "pods", ("get", "list", "watch")),
+        Permission("", "pods", ("list", "watch")),
         Permission("", "pods", ("create",), subresource="eviction"),
-        Permission(_R, "resourceclaims", ("get", "list", "watch")),
-        Permission(_R, "resourceslices", ("get", "list", "watch")),
+        Permission(_R, "resourceclaims", ("list", "watch")),
+        Permission(_R, "resourceslices", ("list", "watch")),
         Permission(_R, "devicetaintrules", ("get", "list", "watch", "create", "update", "delete"),
                    when="rules"),
         Permission(_R, "devicetaintrules", ("patch",), subresource="status", when="rules"),
-        Permission("", "events", ("create", "patch")),
+        Permission("", "events", ("create",)),
         # the opt-out label drahealth.io/remediation=disabled: a label-selected Node watch
         Permission("", "nodes", ("list", "watch")),
         Permission("", "nodes", ("get", "list", "update"), when="nodes"),
@@ -135,7 +135,7 @@ PERMISSIONS: dict[str, tuple[Permission, ...]] = {
         Permission(_R, "resourceclaims", ("get",)),
         Permission(_R, "resourceclaims", ("list", "watch"), when="claim-cache"),
         Permission(_R, "resourceclaims", ("patch",), subresource="status", when="claim-status"),
-        Permission(_R, "resourceslices", ("get", "list", "watch", "create", "update", "delete")),
+        Permission(_R, "resourceslices", ("list", "watch", "create", "update", "delete")),
         Permission("", "nodes", ("get",)),
     ),
 }  # fmt: skip

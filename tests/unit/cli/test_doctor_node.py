@@ -76,8 +76,6 @@ def test_the_driver_does_not_need_the_pod_resources_socket(kubelet: Path) -> Non
 
 
 NS = "drahealth-system"
-#: Granted by the chart, never asked by doctor: the components write core/v1 Events.
-EVENTS_K8S_IO = {("events.k8s.io", "events", v, "") for v in ("create", "patch")}
 #: Agent values with attached sources.
 ATTACH = {"agent": {"attach": {"config": {"drivers": [
     {"driver": "gpu.nvidia.com", "key": "uuid", "sources": [{"kind": "kmsg"}]}]}}}}  # fmt: skip
@@ -148,15 +146,14 @@ CASES: dict[str, tuple[dict[str, Any] | None, str, dict[str, Any]]] = {
 @pytest.mark.parametrize("component", ["controller", "agent", "driver"])
 def test_doctor_asks_exactly_what_the_chart_grants(component: str, case: str) -> None:
     """For every release shape, each permission doctor checks is granted by the chart (no
-    false blocker), and every grant is checked but the events.k8s.io group, the rule
-    verbs in the modes without rules and the Node writes mode auto keeps for its
-    fallback."""
+    false blocker), and every grant is checked but the rule verbs in the modes without
+    rules and the Node writes mode auto keeps for its fallback."""
     values, mode, flags = CASES[case]
     docs = _render(values)
     granted = _chart_grants(docs, component)
     asked = _asked(component, _setup(docs, mode, **flags))
     assert asked - granted == set(), (component, case)
-    unasked = granted - asked - EVENTS_K8S_IO
+    unasked = granted - asked
     if component == "controller" and mode != "taint-rules":  # granted in every mode
         unasked = {g for g in unasked if not g[1].startswith("devicetaintrules")}
     chart_mode = ((values or {}).get("controller") or {}).get("remediationMode", "auto")
