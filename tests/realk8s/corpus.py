@@ -15,8 +15,10 @@ Placeholders in paths and bodies: ``@NS@`` (the corpus namespace), ``@P@`` (the 
 cluster-scoped names), ``@UID:Kind/name@`` (that object's uid on the server being asked)
 and ``@RV:Kind/name@`` (its last resourceVersion seen there).
 
-Cases are plain HTTP requests (:class:`Req`), real kubectl runs (:class:`Kubectl`) and
-lightkube calls (:class:`Lightkube`).
+Cases are plain HTTP requests (:class:`Req`), real kubectl runs (:class:`Kubectl`),
+lightkube calls (:class:`Lightkube`) and calls through the official Python client
+(``tests/realk8s/official_client.py``), whose requests (method, path, query, content type
+and the status each got) are compared too.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class Target:
     ca_file: str | None = None
     session: aiohttp.ClientSession | None = None
     lightkube: AsyncClient | None = None
+    #: The official client's handle (``official_client.Official``).
+    official: Any = None
     #: uid -> ``Kind/name`` and back, resourceVersion per ``Kind/name``.
     uids: dict[str, str] = field(default_factory=dict)
     refs: dict[str, str] = field(default_factory=dict)
@@ -137,6 +141,8 @@ class Outcome:
     code: int
     body: Any
     warnings: tuple[str, ...] = ()
+    #: The requests a client library sent for this case, where it records them.
+    sent: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -444,6 +450,13 @@ def schema_view(body: Any, schemas: tuple[str, ...]) -> Any:
 
 def view(case: Case, outcome: Outcome, target: Target) -> Any:
     """What is compared of ``outcome``."""
+    out = _view(case, outcome, target)
+    if outcome.sent:
+        out["sent"] = list(outcome.sent)
+    return out
+
+
+def _view(case: Case, outcome: Outcome, target: Target) -> Any:
     body = outcome.body
     if _is_status(body):
         return {"code": outcome.code, **status_view(body)}
@@ -3314,11 +3327,14 @@ def cleanup_cases() -> list[Case]:
 
 def corpus() -> list[Case]:
     """The whole corpus, in the order it runs."""
+    from tests.realk8s.official_client import official_cases
+
     return [
         *component_cases(),
         *kubectl_style_cases(),
         *lightkube_cases(),
         *kubectl_binary_cases(),
+        *official_cases(),
         *validation_cases(),
         *cleanup_cases(),
     ]
@@ -3391,6 +3407,7 @@ async def differential(
     from drahealth.controlplane import APIServer
     from drahealth.core import kube_profile
     from drahealth.kube import make_client
+    from tests.realk8s.official_client import Official
 
     server = APIServer(data_file=None, profile=kube_profile(minor))
     await server.start()
@@ -3404,6 +3421,8 @@ async def differential(
         real.session = embedded.session = session
         real.lightkube = make_client(kubeconfig=str(kubeconfig), timeout=10.0)
         embedded.lightkube = make_client(server_url=server.url, timeout=10.0)
+        real.official = Official.from_kubeconfig(kubeconfig)
+        embedded.official = Official.from_kubeconfig(config)
 
         async def settle(case: Case, target: Target) -> None:
             if case.id == "namespace create" and target is real:
@@ -3415,6 +3434,8 @@ async def differential(
             await cleanup(real, ctx)
             await real.lightkube.close()
             await embedded.lightkube.close()
+            real.official.close()
+            embedded.official.close()
             await server.stop()
 
 

@@ -114,9 +114,9 @@ async def test_lone_surrogate_is_replaced_and_never_poisons_the_kind(
     assert code == 201, body
     assert body["data"] == {"k": "a\ufffdb"}
     # Updates and patches decode the same way.
-    patch = b'{"data":{"\\udc00":"x"}}'
+    patch = b'{"data":{"k2":"\\udc00"}}'
     code, body, _ = await call(http, "PATCH", f"{CMS}/s", patch, MERGE_CT)
-    assert code == 200 and body["data"] == {"k": "\ufffd", "\ufffd": "x"}, body
+    assert code == 200 and body["data"] == {"k": "\ufffd", "k2": "\ufffd"}, body
     names = {o["metadata"]["name"] for o in await healthy(http)}
     assert {"s", "u"} <= names
     # And a watch from the beginning still encodes every object.

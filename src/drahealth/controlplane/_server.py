@@ -340,11 +340,13 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 def _page(
-    items: list[JSON], limit: str | None, token: str | None, rv: int
+    items: list[JSON], limit: str | None, token: str | None, rv: int, filtered: bool = False
 ) -> tuple[list[JSON], str, JSON]:
     """A LIST's page: ``limit`` items after the ``continue`` token's key, the list's
     resourceVersion (the token's, as a paginated list reads one snapshot) and the
-    ``continue``/``remainingItemCount`` metadata of a page with more after it."""
+    ``continue``/``remainingItemCount`` metadata of a page with more after it (no
+    ``remainingItemCount`` for a list ``filtered`` by a selector: upstream's storage
+    cannot count what a selector would keep, so it leaves the count out)."""
     list_rv = str(rv)
     if token:
         try:
@@ -365,7 +367,10 @@ def _page(
     page, rest = items[:n], items[n:]
     state = {"v": "meta.k8s.io/v1", "rv": int(list_rv), "start": _list_key(page[-1]) + "\u0000"}
     cont = base64.urlsafe_b64encode(json.dumps(state, separators=(",", ":")).encode())
-    return page, list_rv, {"continue": cont.decode().rstrip("="), "remainingItemCount": len(rest)}
+    more: JSON = {"continue": cont.decode().rstrip("=")}
+    if not filtered:
+        more["remainingItemCount"] = len(rest)
+    return page, list_rv, more
 
 
 def _list_key(obj: JSON) -> str:
@@ -788,11 +793,15 @@ class APIServer:
         return labels, fields
 
     def _list_body(self, rt: ResourceType, items: list[JSON]) -> JSON:
+        # upstream encodes a built-in kind's list items without apiVersion and kind (the
+        # list's own say what they are)
         return {
             "kind": f"{rt.kind}List",
             "apiVersion": rt.api_version,
             "metadata": {"resourceVersion": str(self.store.rv)},
-            "items": [_as_version(rt, o) for o in items],
+            "items": [
+                {k: v for k, v in o.items() if k not in ("apiVersion", "kind")} for o in items
+            ],
         }
 
     async def _resource(
@@ -843,7 +852,10 @@ class APIServer:
                         self.watch_slots.release(ticket)
                 await self._refuse_future_rv(q.get("resourceVersion"))
                 items = self.engine.select(rt, ns, labels, fields)
-                items, rv, more = _page(items, q.get("limit"), q.get("continue"), self.store.rv)
+                filtered = bool(labels.requirements or fields.requirements)
+                items, rv, more = _page(
+                    items, q.get("limit"), q.get("continue"), self.store.rv, filtered
+                )
                 if as_table:
                     body = table(rt, items, rv, include)
                 else:

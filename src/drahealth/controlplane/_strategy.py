@@ -23,6 +23,7 @@ from drahealth.core import KubeProfile
 
 from ._batch import default_job
 from ._resources import ResourceType
+from ._validate import canonical_times
 
 JSON = dict[str, Any]
 
@@ -220,7 +221,9 @@ def drop_disabled_fields(
     ``status.*ContainerStatuses[].allocatedResourcesStatus`` without
     ``ResourceHealthStatus`` (``dropDisabledPodStatusFields`` drops it whatever the old
     pod had). ``ResourceHealthStatusMessage`` is the kubelet's gate: the API server
-    keeps a ``message`` it is sent.
+    keeps a ``message`` it is sent. DeviceClass ``spec.extendedResourceName`` without
+    ``DRAExtendedResource``, unless the old class had one
+    (``dropDisabledDRAExtendedResourceFields``).
     """
     if profile is None:
         return
@@ -240,6 +243,11 @@ def drop_disabled_fields(
             status.pop("devices", None)
         elif old is not None:
             _drop_deallocated_status_devices(status, old)
+    elif rt.group == "resource.k8s.io" and rt.kind == "DeviceClass":
+        old_name = ((old or {}).get("spec") or {}).get("extendedResourceName")
+        spec = new.get("spec")
+        if not profile.enabled("DRAExtendedResource") and not old_name and isinstance(spec, dict):
+            spec.pop("extendedResourceName", None)
     elif rt.group == "" and rt.kind == "Pod" and not profile.enabled("ResourceHealthStatus"):
         status = new.get("status")
         if not isinstance(status, dict):
@@ -273,6 +281,7 @@ def prepare_create(
     _status_on_create(rt, out)
     drop_disabled_fields(rt, out, None, profile)
     _defaults(rt, out, None, now)
+    canonical_times(out, rt.model)
     return out
 
 
@@ -302,6 +311,7 @@ def prepare_update(
         fill_zero_fields(rt, out)
         if rt.group == "" and rt.kind in ("Pod", "Node"):
             fill_status_items(out)
+        canonical_times(out, rt.model)
         return out
     out = copy.deepcopy(new)
     out["apiVersion"], out["kind"] = rt.storage_api_version, rt.kind
@@ -323,6 +333,7 @@ def prepare_update(
             out.pop("status", None)
     drop_disabled_fields(rt, out, old, profile)
     _defaults(rt, out, old, now)
+    canonical_times(out, rt.model)
     if _tracks_generation(rt) and spec_part(out) != spec_part(old):
         meta["generation"] = int(old_meta.get("generation") or 1) + 1
     return out
@@ -566,7 +577,8 @@ _CONTAINER_STATUS_ZERO = {
 
 
 def fill_status_items(obj: JSON) -> None:
-    """Pod conditions and container statuses, Node conditions: their always-shown fields."""
+    """Pod conditions and container statuses, Node conditions: their always-shown fields
+    (and a Node's defaulted ``allocatable``)."""
     status = obj.get("status")
     if not isinstance(status, dict):
         return
@@ -576,6 +588,9 @@ def fill_status_items(obj: JSON) -> None:
             for k, v in (_NODE_CONDITION_ZERO if node else _CONDITION_ZERO).items():
                 c.setdefault(k, v)
     if node:
+        # upstream's SetDefaults_NodeStatus: no allocatable means all of the capacity
+        if isinstance(status.get("capacity"), dict) and status.get("allocatable") is None:
+            status["allocatable"] = dict(status["capacity"])
         return
     for lst in _CONTAINER_STATUSES:
         for cs in status.get(lst) or []:

@@ -400,6 +400,97 @@ def prune_unknown(obj: JSON, model: type[msgspec.Struct]) -> list[str]:
     return out
 
 
+def _is_time(t: mi.Type) -> bool:
+    if isinstance(t, mi.UnionType):
+        return any(isinstance(x, mi.DateTimeType) for x in t.types)
+    return isinstance(t, mi.DateTimeType)
+
+
+def canonical_time(value: str, micro: bool) -> str:
+    """``value`` as the real server encodes a ``metav1.Time`` (UTC, to the second: a
+    fraction is dropped) or, with ``micro``, a ``metav1.MicroTime`` (UTC, six fraction
+    digits). A value that is not an RFC 3339 date-time with an offset is returned as
+    it is, for validation to judge."""
+    try:
+        when = dt.datetime.fromisoformat(value)
+    except ValueError:
+        return value
+    if when.tzinfo is None:
+        return value
+    when = when.astimezone(dt.UTC)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
+
+
+#: Per model class: its fields that hold a time (encode name -> MicroTime or not) and
+#: those that hold something with a time somewhere below (encode name -> type).
+_TimeFields = tuple[dict[str, bool], dict[str, mi.Type]]
+_time_fields_cache: dict[type, _TimeFields] = {}
+
+
+def _holds_time(t: mi.Type) -> bool:
+    if isinstance(t, mi.UnionType):
+        return any(_holds_time(x) for x in t.types)
+    if isinstance(t, mi.ListType):
+        return _holds_time(t.item_type)
+    if isinstance(t, mi.DictType):
+        return _holds_time(t.value_type)
+    if isinstance(t, mi.StructType):
+        times, nested = _time_fields(t)
+        return bool(times or nested)
+    return isinstance(t, mi.DateTimeType)
+
+
+def _time_fields(t: mi.StructType) -> _TimeFields:
+    cached = _time_fields_cache.get(t.cls)
+    if cached is not None:
+        return cached
+    times: dict[str, bool] = {}
+    nested: dict[str, mi.Type] = {}
+    # while it is worked out, a type that holds itself (none with a time) reads as empty
+    _time_fields_cache[t.cls] = (times, nested)
+    notes = _annotations(t.cls)
+    for f in t.fields:
+        if _is_time(f.type):
+            times[f.encode_name] = "MicroTime" in notes.get(f.name, "")
+        elif _holds_time(f.type):
+            nested[f.encode_name] = f.type
+    return times, nested
+
+
+def _times(value: Any, t: mi.Type) -> None:
+    if isinstance(t, mi.UnionType):
+        for x in t.types:
+            inner = isinstance(x, mi.StructType | mi.ListType | mi.DictType)
+            if inner and _accepts(value, x, True):
+                _times(value, x)
+                return
+        return
+    if isinstance(t, mi.StructType) and isinstance(value, dict):
+        times, nested = _time_fields(t)
+        for key, sub in value.items():
+            if key in times:
+                if isinstance(sub, str):
+                    value[key] = canonical_time(sub, times[key])
+            elif key in nested and sub is not None:
+                _times(sub, nested[key])
+    elif isinstance(t, mi.ListType) and isinstance(value, list):
+        for item in value:
+            _times(item, t.item_type)
+    elif isinstance(t, mi.DictType) and isinstance(value, dict):
+        for item in value.values():
+            _times(item, t.value_type)
+
+
+def canonical_times(obj: JSON, model: type[msgspec.Struct]) -> None:
+    """Re-encode (in place) every date-time field of ``obj`` as the real server's
+    encoder writes it (:func:`canonical_time`): it decodes a ``2026-01-02T03:04:05+00:00``
+    or a ``...05.5Z`` and answers ``2026-01-02T03:04:05Z``."""
+    t = _type_cache.get(model)
+    if t is None:
+        t = _type_cache[model] = mi.type_info(model)
+    _times(obj, t)
+
+
 def schema_causes(obj: JSON, model: type[msgspec.Struct]) -> list[JSON]:
     """Causes for unknown fields, wrong types and missing required fields."""
     t = _type_cache.get(model)
@@ -2030,12 +2121,49 @@ def _new_event_causes(obj: JSON, ctx: _Context) -> list[JSON]:
     return _event_causes(core, ns, new_api=True)
 
 
+_CONFIG_KEY_FMT = "[-._a-zA-Z0-9]+"
+_CONFIG_KEY = re.compile(_CONFIG_KEY_FMT)
+_CONFIG_KEY_MSG = "a valid config key must consist of alphanumeric characters, '-', '_' or '.'"
+
+
+def config_key_errors(key: str) -> list[str]:
+    """Upstream's ``IsConfigMapKey``: every message for a ConfigMap (or Secret) key."""
+    errs: list[str] = []
+    if len(key) > 253:
+        errs.append("must be no more than 253 characters")
+    if not _CONFIG_KEY.fullmatch(key):
+        examples = ("key.name", "KEY_NAME", "key-name")
+        errs.append(_regex_error(_CONFIG_KEY_MSG, _CONFIG_KEY_FMT, *examples))
+    if key in (".", ".."):
+        errs.append(f"must not be '{key}'")
+    elif key.startswith(".."):
+        errs.append("must not start with '..'")
+    return errs
+
+
+def _config_map_data_causes(obj: JSON) -> list[JSON]:
+    """Upstream's ``ValidateConfigMap``: valid keys, none in both ``data`` and
+    ``binaryData``. (Its 1 MiB bound on the values together is not checked: the object
+    size limit applies.)"""
+    out: list[JSON] = []
+    binary = _dict(obj.get("binaryData"))
+    for bag in ("data", "binaryData"):
+        for key in _dict(obj.get(bag)):
+            key = str(key)
+            out.extend(invalid_value(f"{bag}[{key}]", key, m) for m in config_key_errors(key))
+            if bag == "data" and key in binary:
+                msg = "duplicate of key present in binaryData"
+                out.append(invalid_value(f"{bag}[{key}]", key, msg))
+    return out
+
+
 def _config_map_causes(obj: JSON, ctx: _Context) -> list[JSON]:
-    """Upstream's ``ValidateConfigMapUpdate``: an immutable ConfigMap keeps its data."""
+    """Upstream's ``ValidateConfigMap`` and ``ValidateConfigMapUpdate`` (an immutable
+    ConfigMap keeps its data)."""
+    out = _config_map_data_causes(obj)
     old = ctx.old
     if old is None or old.get("immutable") is not True:
-        return []
-    out: list[JSON] = []
+        return out
     if obj.get("immutable") is not True:
         out.append(forbidden("immutable", "field is immutable when `immutable` is set"))
     for key in ("data", "binaryData"):
