@@ -339,11 +339,24 @@ class Cluster:
     def load(cls, directory: str | Path) -> Cluster:
         path = Path(directory) / "cluster.json"
         try:
-            return cls(**json.loads(path.read_text()))
+            cluster = cls(**json.loads(path.read_text()))
         except FileNotFoundError as exc:
             raise HarnessError(f"no control plane recorded in {directory} (no cluster.json)") from (
                 exc
             )
+        except (OSError, ValueError, TypeError) as exc:  # cut short, edited, not ours
+            detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            raise HarnessError(f"{path} is not a control plane record: {detail}") from exc
+        if not isinstance(cluster.pids, dict) or not all(
+            isinstance(p, int) and not isinstance(p, bool) and p > 1 for p in cluster.pids.values()
+        ):
+            raise HarnessError(f"{path} is not a control plane record: pids {cluster.pids!r}")
+        return cluster
+
+    def running(self) -> dict[str, int]:
+        """The recorded processes still running as this control plane's (a pid the system
+        gave to another process since is not one of them)."""
+        return {n: p for n, p in self.pids.items() if _is_component(p, n, self.dir)}
 
     def log(self, component: str) -> Path:
         return Path(self.dir) / "logs" / f"{component}.log"
@@ -393,6 +406,8 @@ def _start(name: str, argv: list[str], logs: Path) -> subprocess.Popen[bytes]:
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,
         )  # fmt: skip
+    except OSError as exc:  # not executable, not a program for this machine, ...
+        raise HarnessError(f"cannot start {name} ({argv[0]}): {exc.strerror or exc}") from exc
     finally:
         log.close()
 
@@ -457,8 +472,21 @@ def up(version: str, directory: str | Path | None = None, *, gates: str = "defau
     if not built(version):
         raise HarnessError(not_built_reason(version) or f"{version} is not built")
     feature_gates, runtime_config = gates_for(version, gates)
-    base = Path(directory or tempfile.mkdtemp(prefix=f"realk8s-{version}-"))
-    base.mkdir(parents=True, exist_ok=True)
+    base = Path(directory or tempfile.mkdtemp(prefix=f"realk8s-{version}-")).resolve()
+    if (base / "cluster.json").exists():
+        # a control plane started here before: its etcd holds the data directory's lock,
+        # and a new record would leave its processes running with nobody to stop them
+        alive = Cluster.load(base).running()
+        if alive:
+            raise HarnessError(
+                f"a control plane recorded in {base} is still running "
+                f"({', '.join(f'{n} pid {p}' for n, p in alive.items())}): "
+                f"run scripts/realk8s down --dir {base} first"
+            )
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HarnessError(f"cannot use {base}: {exc.strerror or exc}") from exc
     logs, pki = base / "logs", base / "pki"
     logs.mkdir(exist_ok=True)
     make_pki(pki)
@@ -568,6 +596,22 @@ def up(version: str, directory: str | Path | None = None, *, gates: str = "defau
     return cluster
 
 
+def _is_component(pid: int, name: str, directory: str) -> bool:
+    """Whether ``pid`` is ``name`` started for the control plane in ``directory``: its
+    program is ``name`` and one of its flags names a file there. A pid recorded by a run
+    that crashed may belong to anything by now; only a process that passes is signalled."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc here: the process group is signalled as recorded
+        return _alive(pid)
+    if not argv or Path(os.fsdecode(argv[0])).name != name:
+        return False
+    where = os.fsencode(str(Path(directory).resolve()) + os.sep)
+    return any(arg.partition(b"=")[2].startswith(where) for arg in argv[1:])
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -600,8 +644,9 @@ def _stop_pids(pids: Mapping[str, int]) -> None:
 
 
 def down(cluster: Cluster, *, remove: bool = False) -> None:
-    """Stop ``cluster``'s processes; with ``remove`` delete its directory too."""
-    _stop_pids(cluster.pids)
+    """Stop ``cluster``'s processes (those still running as its own: see
+    :func:`_is_component`); with ``remove`` delete its directory too."""
+    _stop_pids(cluster.running())
     if remove:
         shutil.rmtree(cluster.dir, ignore_errors=True)
 

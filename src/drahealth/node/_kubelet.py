@@ -476,7 +476,8 @@ class KubeletMode:
             self.client,
             Pod,
             str(meta.get("name")),
-            {"status": {"phase": "Failed", "reason": REASON_PREPARE_FAILED_PERMANENT,
+            {**_uid_precondition(pod),
+             "status": {"phase": "Failed", "reason": REASON_PREPARE_FAILED_PERMANENT,
                         "message": message}},
             namespace=meta.get("namespace"),
         )  # fmt: skip
@@ -539,7 +540,7 @@ class KubeletMode:
             return
         meta = pod.get("metadata") or {}
         await patch_status(
-            self.client, Pod, str(meta.get("name")), {"status": patch},
+            self.client, Pod, str(meta.get("name")), {**_uid_precondition(pod), "status": patch},
             namespace=meta.get("namespace"), patch_type=POD_STATUS_PATCH,
         )  # fmt: skip
         self.status_patches += 1
@@ -550,6 +551,16 @@ class KubeletMode:
         while True:
             await asyncio.sleep(self.resync_interval)
             self._mark_all()
+
+
+def _uid_precondition(pod: Mapping[str, Any]) -> JSON:
+    """``metadata.uid`` of the pod a status was computed for, sent with the patch as the
+    kubelet's status manager sends it: a pod deleted and created again under the same
+    name (a StatefulSet's) between the agent's read and its write has another uid, and
+    the API server refuses the patch (uid is immutable) instead of giving the new pod the
+    old one's status (its phase Failed, its containers' last states)."""
+    uid = (pod.get("metadata") or {}).get("uid")
+    return {"metadata": {"uid": uid}} if uid else {}
 
 
 def claims_by_pod(tracker: ClaimTracker) -> Mapping[str, list[str]]:

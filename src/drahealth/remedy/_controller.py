@@ -56,6 +56,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, cast
 
+import httpx2
 from lightkube import ApiError, AsyncClient
 from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
@@ -98,6 +99,7 @@ from drahealth.kube import (
     make_event,
     resource_class,
     status_code,
+    strip_managed_fields,
     to_internal,
     write_configmap_data,
 )
@@ -138,6 +140,9 @@ HISTORY_CONFIGMAP = "drahealth-remediation-history"
 HISTORY_LENGTH = 200
 COMPONENT = CONTROLLER_COMPONENT
 JSON = dict[str, Any]
+#: What restarts a round: the server could not be talked to, or what it sent could not be
+#: decoded (a body corrupted on the way: its compression broken by a proxy)
+ROUND_ERRORS: tuple[type[BaseException], ...] = (*TRANSPORT_ERRORS, httpx2.DecodingError)
 
 
 def _release_list_memory() -> None:
@@ -173,6 +178,13 @@ def _history_rows(cm: Any) -> list[JSON]:
 YIELD_EVERY = 500
 #: Over-broad rules remembered as warned (name, generation); the oldest are forgotten.
 MAX_WARNED = 10_000
+
+
+def _cancelling() -> bool:
+    """Whether the running task was asked to stop, even if a clean-up step swallowed
+    the CancelledError that asked it."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class _Rediscover(Exception):
@@ -231,6 +243,9 @@ class RemediationController:
         self._history_dirty = False
         self._warned: dict[tuple[str, int], None] = {}  # over-broad rules already warned
         self._events_refused: dict[tuple[str, int], None] = {}  # (reason, code) warned
+        #: rule writes sent whose answer never came (name -> action, body): the next round
+        #: reads what the API holds and records those that happened
+        self._unanswered: dict[str, tuple[str, JSON]] = {}
         self.passes = 0
 
     def _reset(self) -> None:
@@ -239,7 +254,9 @@ class RemediationController:
         #: the wall clock read once, at the start, and carried on by the monotonic one
         self._wall_start, self._clock_start = self._wall(), self._clock()
         self.engine = RemedyEngine(policy)
-        self.pods: Reflector[Pod] = Reflector(client, Pod, name="remedy-pods")
+        self.pods: Reflector[Pod] = Reflector(
+            client, Pod, name="remedy-pods", transform=strip_managed_fields
+        )
         self.claims: Reflector[Any] | None = None
         self.slices: Reflector[Any] | None = None
         self.rules: Reflector[Any] | None = None
@@ -305,6 +322,7 @@ class RemediationController:
         #: the rules' and node rows' records, so a restart rewrites nothing
         self._first_seen_at: dict[DeviceKey, float] = {}
         self._validating: set[DeviceKey] = set()
+        self._checks: set[asyncio.Task[None]] = set()  # recovery validations running
         self._spawned: set[asyncio.Task[Any]] = set()  # background Events and checks
         self._impact: dict[str, str] = {}  # rule name -> last impact message written
         # burn-in gate and degraded devices: new devices, validations, Events, state keys
@@ -327,7 +345,11 @@ class RemediationController:
             try:
                 await self._round()
                 return
-            except TRANSPORT_ERRORS as exc:
+            except ROUND_ERRORS as exc:
+                if _cancelling():
+                    # cancelled (the Lease lost) while the failed round was cleaning up,
+                    # where a wait for a stopping task took the request: stop, as asked
+                    raise asyncio.CancelledError from exc
                 if self._clock() - began > 60.0:
                     lost.reset()  # a round that ran a while: a new outage, not the same
                 # the API server went away mid-round (reset, refused, timed out): what
@@ -343,6 +365,8 @@ class RemediationController:
                 )
                 await asyncio.sleep(delay)
             except _Rediscover as exc:
+                if _cancelling():
+                    raise asyncio.CancelledError from exc
                 self.served = await self._discover()
                 if before is not None and self.served.versions == before.versions:
                     # nothing changed: the 404 was something else; retry later, not in a loop
@@ -391,7 +415,7 @@ class RemediationController:
 
     def _dra_reflector(self, served: ServedAPIs, kind: str, name: str) -> Reflector[Any]:
         cls = served.resource(kind) or resource_class(kind, "v1")
-        return Reflector(self.client, cls, name=name)
+        return Reflector(self.client, cls, name=name, transform=strip_managed_fields)
 
     async def _round(self) -> None:
         if self.served is None:
@@ -420,6 +444,7 @@ class RemediationController:
             await self._load_history()
             await self._load_state()
             self._seed()
+            await self._settle_unanswered()
             self.aftercare.restore()
             await self._seed_nodes()
             self.outcomes.synced()
@@ -433,9 +458,11 @@ class RemediationController:
                 await self.reconcile()
                 await self._sleep()
                 self._check_404()
+                self._check_workers(tasks)
         finally:
             self.synced = False
-            await cancel_and_wait(tasks)
+            # the round's validation hooks end with it (a lost Lease, a restarted round)
+            await cancel_and_wait([*tasks, *self._checks])
             await self.outcomes.stop()
             await self.aftercare.stop()
             for r, feed in self._feeds:
@@ -449,6 +476,19 @@ class RemediationController:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(0.1):
                     await asyncio.gather(*(r.wait_synced() for r in reflectors))
+
+    @staticmethod
+    def _check_workers(tasks: list[asyncio.Task[None]]) -> None:
+        """A worker of the round (the evictor) that ended ends the round the same way: its
+        error is raised here (a transport error restarts the round), so its work never
+        stops silently while the round goes on."""
+        for task in tasks:
+            if not task.done():
+                continue
+            if task.cancelled():
+                raise RuntimeError(f"{task.get_name()} was cancelled")
+            exc = task.exception()
+            raise exc if exc is not None else RuntimeError(f"{task.get_name()} ended")
 
     def _check_404(self) -> None:
         for r in (self.claims, self.slices, self.rules):
@@ -1020,9 +1060,16 @@ class RemediationController:
                         self.client, cls, name,
                         uid=meta.get("uid"), resource_version=meta.get("resourceVersion"),
                     )  # fmt: skip
+                except ROUND_ERRORS:
+                    raise  # it may have happened: the rule going is still the controller's
                 except BaseException:
                     self.ownership.delete_failed(name)
                     raise
+        except ROUND_ERRORS:
+            # no answer: the write may have happened. The round restarts from the API and
+            # the next one says what was done (see _settle_unanswered)
+            self._unanswered[name] = (action, body)
+            raise
         except ApiError as exc:
             if action == "create" and exc.status.code == 409:
                 return False  # the reflector will show it; next pass compares
@@ -1038,6 +1085,44 @@ class RemediationController:
             log.warning("%s devicetaintrule/%s failed: %s", action, name, exc.status.message)
             self.metrics.failures.labels(action).inc()
             return False
+        await self._rule_written(action, body)
+        return True
+
+    async def _settle_unanswered(self) -> None:
+        """Rule writes whose answer was lost before the round restarted: the rules as
+        listed now say whether each happened. Those that did are recorded as if they
+        had been answered (metrics, history, Event), once; the others are left to the
+        passes, which decide again and record what they write."""
+        pending, self._unanswered = self._unanswered, {}
+        if self.rules is None:
+            return
+        for name, (action, body) in sorted(pending.items()):
+            found = self.rules.store.get(None, name)
+            raw = to_internal(as_dict(found)) if found is not None else None
+            if action == "delete":
+                done = raw is None or (raw.get("metadata") or {}).get("uid") != (
+                    body.get("metadata") or {}
+                ).get("uid")
+            else:
+                spec = (raw or {}).get("spec") or {}
+                want = body["spec"]
+                done = (
+                    raw is not None
+                    and is_ours(raw)
+                    and spec.get("deviceSelector") == want.get("deviceSelector")
+                    and (spec.get("taint") or {}).get("effect") == want["taint"].get("effect")
+                    and (spec.get("taint") or {}).get("value") == want["taint"].get("value")
+                )
+            log.info(
+                "%s devicetaintrule/%s, whose answer was lost: %s", action, name,
+                "it happened" if done else "it did not happen",
+            )  # fmt: skip
+            if done:
+                await self._rule_written(action, body)
+
+    async def _rule_written(self, action: str, body: JSON) -> None:
+        """Metrics, log line, history row and Event of a rule write that happened."""
+        name = body["metadata"]["name"]
         self.metrics.actions.labels(action).inc()
         sel = body["spec"]["deviceSelector"]
         taint = body["spec"]["taint"]
@@ -1070,7 +1155,6 @@ class RemediationController:
             message,
             action={"create": "Taint", "update": "Taint", "delete": "Untaint"}[action],
         )
-        return True
 
     async def _impact_summary(self, name: str, key: DeviceKey) -> None:
         pods = [
@@ -1199,16 +1283,22 @@ class RemediationController:
                 continue  # frozen (opt-out, exclude): no validation or repair
             self._validating.add(key)
             node = self._facts(key).node
-            asyncio.get_running_loop().create_task(self._validate(key, node, check))
+            task = asyncio.get_running_loop().create_task(self._validate(key, node, check))
+            self._checks.add(task)
+            task.add_done_callback(self._checks.discard)
 
     async def _validate(self, key: DeviceKey, node: str, check: Validate) -> None:
         """Run the recovery check through :func:`run_check` (the bounded child runner for
-        ``exec``, no redirects for ``http``)."""
+        ``exec``, no redirects for ``http``). Its result goes to the engine of the round
+        that started it only: a restarted round decides again from the API."""
+        engine, validating = self.engine, self._validating
         try:
             ok, detail = await run_check(check, key, node)
         finally:
-            self._validating.discard(key)
-        self.engine.validated(key, ok, self._clock())
+            validating.discard(key)
+        if engine is not self.engine:
+            return
+        engine.validated(key, ok, self._clock())
         self._record(
             "validate", str(key), f"validation of {key} {'passed' if ok else 'failed'}: {detail}"
         )
@@ -1295,6 +1385,8 @@ class RemediationController:
                         del self._uids[next(iter(self._uids))]
             except ApiError as exc:
                 log.debug("uid of %s/%s for its event: %s", ident[0], ident[2], exc.status.message)
+            except TRANSPORT_ERRORS as exc:  # the Event is written without it
+                log.debug("uid of %s/%s for its event: %s", ident[0], ident[2], exc)
         ref.uid = self._uids.get(ident)
 
     async def _event(
@@ -1324,16 +1416,22 @@ class RemediationController:
         try:
             await self.client.create(event)
         except ApiError as exc:
-            self._event_refused(event, reason, exc)
+            self._event_refused(event, reason, exc.status.code or 0, exc.status.message or "")
+        except TRANSPORT_ERRORS as exc:
+            # no answer (Events in an etcd of their own that is down, a slow webhook on
+            # Events): the Event is the audit trail's second copy, so it is missing like a
+            # refused one; the round goes on, and the next write that needs the server
+            # restarts it if the server is gone altogether
+            self._event_refused(event, reason, 0, f"no answer: {type(exc).__name__}: {exc}")
 
-    def _event_refused(self, event: Event, reason: str, exc: ApiError) -> None:
-        """A refused Event is a hole in the audit trail: a warning the first time for each
-        (reason, HTTP code), then debug lines; counted as failures{action="event"}."""
+    def _event_refused(self, event: Event, reason: str, code: int, message: str) -> None:
+        """A refused (or unanswered: code 0) Event is a hole in the audit trail: a warning
+        the first time for each (reason, HTTP code), then debug lines; counted as
+        failures{action="event"}."""
         self.metrics.failures.labels("event").inc()
-        code = exc.status.code or 0
         where = event.metadata.namespace if event.metadata else ""
         if (reason, code) in self._events_refused:
-            log.debug("recording event %s in %s refused: %s", reason, where, exc.status.message)
+            log.debug("recording event %s in %s refused: %s", reason, where, message)
             return
         self._events_refused[(reason, code)] = None
         while len(self._events_refused) > MAX_WARNED:
@@ -1342,5 +1440,5 @@ class RemediationController:
             "recording event %s in namespace %s was refused (HTTP %s: %s): such Events are "
             "missing from the audit trail (the history ConfigMap still has the record); "
             "further refusals of %s are logged at debug level",
-            reason, where, code, exc.status.message, reason,
+            reason, where, code or "none", message, reason,
         )  # fmt: skip

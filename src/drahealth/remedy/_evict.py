@@ -10,7 +10,10 @@ Limits: at most ``per_second`` evictions started per second (token bucket), at m
 per node, where a pod counts from its eviction request until it is gone. A 429 (the
 budget allows no disruption now) is retried per pod with capped, jittered backoff and
 reported once per distinct message; the pod stays wanted. A pod that is gone, or no
-longer wanted (its device recovered), is dropped.
+longer wanted (its device recovered), is dropped. A request that got no answer (reset,
+timed out) may have evicted the pod: the pod is read first the next time (gone or
+terminating: recorded as evicted, once; still running: asked again if still wanted), and
+the worker goes on with the other pods meanwhile.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Pod
 
 from drahealth.core import Consumer, Eviction
-from drahealth.kube import Backoff
+from drahealth.kube import TRANSPORT_ERRORS, Backoff
 
 __all__ = ["Evictor"]
 
@@ -43,6 +46,11 @@ class _Pending:
     not_before: float = 0.0
     backoff: Backoff = field(default_factory=lambda: Backoff(0.5, 10.0))
     last_block: str = ""
+    #: a request was sent whose answer never came (reset, timed out): it may have evicted
+    #: the pod; the pod is read before anything else is done for it
+    answer_lost: bool = False
+    #: False once the controller no longer wants it gone (kept only to settle a lost answer)
+    wanted: bool = True
 
 
 class Evictor:
@@ -73,8 +81,12 @@ class Evictor:
     def want(self, pods: Iterable[tuple[Consumer, str]]) -> None:
         """The pods that should leave now, each with the reason (replaces the last set)."""
         wanted = {pod.uid: (pod, reason) for pod, reason in pods}
-        for uid in list(self._pending):
-            if uid not in wanted:
+        for uid, p in list(self._pending.items()):
+            if uid in wanted:
+                p.wanted = True
+            elif p.answer_lost:
+                p.wanted = False  # (a pod being evicted is no longer wanted): settle it first
+            else:
                 del self._pending[uid]
         for uid, (pod, reason) in wanted.items():
             if uid not in self._pending and uid not in self._disrupting:
@@ -97,14 +109,14 @@ class Evictor:
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        return sum(1 for p in self._pending.values() if p.wanted)
 
     def blocked_pods(self) -> dict[str, str]:
         """namespace/name -> the last refusal message, for pods held by a budget."""
         return {
             f"{p.pod.namespace}/{p.pod.name}": p.last_block
             for p in self._pending.values()
-            if p.last_block
+            if p.last_block and p.wanted
         }
 
     # -- the worker ----------------------------------------------------------------------
@@ -144,11 +156,52 @@ class Evictor:
             await self._evict(uid, p)
         return max(0.01, next_due)
 
+    async def _after_lost_answer(self, pod: Consumer) -> str | None:
+        """After a lost answer, what became of ``pod``: "gone" (or replaced),
+        "terminating" (that request evicted it), "running" (it did not, or cannot be
+        told: the next request's answer will), None when the server does not answer."""
+        try:
+            found = await self.client.get(Pod, pod.name, namespace=pod.namespace)
+        except TRANSPORT_ERRORS:
+            return None
+        except ApiError as exc:
+            return "gone" if exc.status.code == 404 else "running"
+        meta = found.metadata
+        if meta is None or meta.uid != pod.uid:
+            return "gone"
+        return "terminating" if meta.deletionTimestamp is not None else "running"
+
     async def _evict(self, uid: str, p: _Pending) -> None:
         pod = p.pod
+        if p.answer_lost:
+            now = await self._after_lost_answer(pod)
+            if now is None:
+                p.not_before = self._clock() + p.backoff.next()
+                return
+            p.answer_lost = False
+            if now != "running":  # the request whose answer was lost evicted it
+                del self._pending[uid]
+                if now == "terminating":  # counts until it is gone, as an answered one
+                    self._disrupting[uid] = pod.node
+                self.evicted += 1
+                self._on_event(pod, "evicted", f"{p.reason} (the eviction's answer was lost)")
+                return
+            if not p.wanted:
+                del self._pending[uid]
+                return
         body = Pod.Eviction(metadata=ObjectMeta(name=pod.name, namespace=pod.namespace))
         try:
             await self.client.create(body, name=pod.name, namespace=pod.namespace)
+        except TRANSPORT_ERRORS as exc:
+            # no answer: the pod may or may not be evicted; it stays wanted and is asked
+            # again (an eviction is idempotent), and the worker goes on with the others
+            p.answer_lost = True
+            p.not_before = self._clock() + p.backoff.next()
+            log.warning(
+                "evicting %s/%s: no answer from the API server (%s: %s); asking again",
+                pod.namespace, pod.name, type(exc).__name__, exc,
+            )  # fmt: skip
+            return
         except ApiError as exc:
             code, message = exc.status.code, exc.status.message or ""
             if code == 404:
