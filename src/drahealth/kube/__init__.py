@@ -70,6 +70,7 @@ from ._reflector import (
     object_key,
     resource_version,
     rv_newer,
+    strip_managed_fields,
 )
 from ._rule134 import DeviceTaintRuleSpec134, DeviceTaintSelector134
 
@@ -124,6 +125,7 @@ __all__ = [
     "retry_on_conflict",
     "rv_newer",
     "status_code",
+    "strip_managed_fields",
     "to_internal",
     "update_configmap_data",
     "write_configmap_data",

@@ -55,6 +55,7 @@ __all__ = [
     "object_key",
     "resource_version",
     "rv_newer",
+    "strip_managed_fields",
 ]
 
 log = logging.getLogger(__name__)
@@ -444,6 +445,17 @@ def _selector(value: Mapping[str, Any] | str | None, *, fields: bool) -> str | N
     return build_selector(dict(value), for_fields=fields)
 
 
+def strip_managed_fields(obj: T) -> T:
+    """``obj`` without ``metadata.managedFields`` (a :class:`Reflector` ``transform``, as
+    client-go's informers strip them): field ownership is the biggest part of most
+    objects a server that tracks it returns, and a cache that never writes it back has no
+    use for it (at 50,000 pods it is hundreds of MB)."""
+    meta = getattr(obj, "metadata", None)
+    if meta is not None and getattr(meta, "managedFields", None) is not None:
+        meta.managedFields = None
+    return obj
+
+
 def _status_code(exc: BaseException) -> int | None:
     status = getattr(exc, "status", None)
     code = getattr(status, "code", None)
@@ -461,6 +473,8 @@ class Reflector(Generic[T]):
     ``fields`` take lightkube selector dicts (``{"app": "x"}``, operators) or raw
     selector strings. Handlers run in the reflector's task, in order; exceptions in
     handlers are logged and swallowed. A slow async handler delays later events.
+    ``transform`` is applied to each object as it arrives, before it is stored or handed
+    on (:func:`strip_managed_fields` keeps a large cache small).
 
     Counters for tests and metrics: ``lists`` (LIST calls that succeeded),
     ``relists`` (LISTs forced by 410 Gone or a too large resourceVersion),
@@ -493,6 +507,7 @@ class Reflector(Generic[T]):
         request_timeout: float = 10.0,
         chunk_size: int | None = None,
         rng: Callable[[], float] = random.random,
+        transform: Callable[[T], T] | None = None,
     ) -> None:
         if not isinstance(resource_type, type) or not issubclass(resource_type, lkr.Resource):
             raise TypeError(f"{resource_type!r} is not a lightkube resource class")
@@ -513,6 +528,7 @@ class Reflector(Generic[T]):
         self._watch_timeout = watch_timeout
         self._request_timeout = request_timeout
         self._chunk_size = chunk_size
+        self._transform = transform
         self._cache: ObjectCache[T] = ObjectCache()
         self.store: Store[T] = Store(self._cache.objects)
         self._handlers: list[Handler[T]] = []
@@ -708,7 +724,7 @@ class Reflector(Generic[T]):
                 if _exc_too_large(exc):
                     raise _TooLarge() from exc
                 raise
-            items.extend(chunk)
+            items.extend(chunk if self._transform is None else map(self._transform, chunk))
         if not list_rv:
             for o in items:
                 list_rv = _max_rv(list_rv, resource_version(o))
@@ -826,6 +842,8 @@ class Reflector(Generic[T]):
             log.warning("%s: ignoring watch event of unknown type %r", self.name, etype)
             return
         obj: T = decoders.decode_object(ev.object, self.resource_type)
+        if self._transform is not None:
+            obj = self._transform(obj)
         self.last_resource_version = _max_rv(self.last_resource_version, resource_version(obj))
         out = self._cache.apply(etype, obj)
         if out is not None:

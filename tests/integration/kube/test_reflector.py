@@ -12,7 +12,7 @@ from lightkube.resources.core_v1 import ConfigMap, Namespace
 from lightkube.types import PatchType
 
 from drahealth.controlplane import APIServer
-from drahealth.kube import Reflector, make_client
+from drahealth.kube import Reflector, make_client, strip_managed_fields
 
 from .conftest import eventually
 
@@ -272,3 +272,29 @@ async def test_server_restarted_with_lower_resource_version_is_relisted(
                 await again.stop()
     finally:
         await client.close()
+
+
+async def test_transform_strips_managed_fields_from_listed_and_watched_objects(
+    client: AsyncClient,
+) -> None:
+    """The server tracks field ownership on every write; a cache that never writes back
+    keeps none of it (``strip_managed_fields``), both for what the LIST returned and for
+    what the watch delivers, while an untransformed reflector keeps it."""
+    await client.create(cm("listed", k="v"))
+    plain = Reflector(client, ConfigMap, namespace="default")
+    stripped = Reflector(client, ConfigMap, namespace="default", transform=strip_managed_fields)
+    handed: list[Any] = []
+    stripped.add_handler(lambda _t, obj, _old: handed.append(obj.metadata.managedFields))
+    async with plain, stripped:
+        await plain.wait_synced(5)
+        await stripped.wait_synced(5)
+        await client.create(cm("watched", k="v"))
+        for name in ("listed", "watched"):
+            await eventually(lambda n=name: stripped.store.get("default", n) is not None)  # type: ignore[misc]
+            await eventually(lambda n=name: plain.store.get("default", n) is not None)  # type: ignore[misc]
+            kept, gone = plain.store.get("default", name), stripped.store.get("default", name)
+            assert kept is not None and kept.metadata is not None and kept.metadata.managedFields
+            assert gone is not None and gone.metadata is not None
+            assert gone.metadata.managedFields is None
+            assert gone.data == {"k": "v"} and gone.metadata.uid == kept.metadata.uid
+    assert handed == [None, None]
