@@ -660,6 +660,12 @@ CONDITIONAL: tuple[Conditional, ...] = (
         _TAINT_RULES,
     ),
     Conditional(
+        "controller", ("get",), "", "pods", "drahealth.remedy._evict",
+        "Evictor._after_lost_answer", (r"self\.client\.get\(Pod,",),
+        "an eviction request whose answer was lost (reset, timed out): the pod is read "
+        "before it is asked again",
+    ),
+    Conditional(
         "controller", ("get",), _R, "devicetaintrules", _CONTROLLER,
         "RemediationController._involved_uid",
         (r'"DeviceTaintRule": self\._rule_cls', r"self\.client\.get\(cls,"),

@@ -101,7 +101,7 @@ _R = DRA_GROUP
 #: What each component does with the API: the chart's roles (deploy/helm/drahealth).
 PERMISSIONS: dict[str, tuple[Permission, ...]] = {
     "controller": (
-        Permission("", "pods", ("list", "watch")),
+        Permission("", "pods", ("get", "list", "watch")),
         Permission("", "pods", ("create",), subresource="eviction"),
         Permission(_R, "resourceclaims", ("list", "watch")),
         Permission(_R, "resourceslices", ("list", "watch")),
