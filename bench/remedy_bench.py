@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import shutil
 import statistics
@@ -92,6 +93,8 @@ START_TIMEOUT = 60.0
 FIRST_PASS_TIMEOUT = 120.0
 #: Seconds one fault may take to show up as a taint.
 FAULT_TIMEOUT = 30.0
+#: how long the controller may take to exit after SIGTERM before it is killed (reported)
+EXIT_GRACE = 30.0
 
 
 def write(path: str, text: str) -> None:
@@ -342,6 +345,7 @@ async def run(
     extra: dict[str, float] = {}
     # --real: bare JSON requests, the same client for both servers (seeding, churn)
     api: RawAPI | None = None
+    label = "embedded"
     if real is not None:
         api, label = RawAPI.for_cluster(real, concurrency), f"real {real.version}"
     elif cluster_objects:
@@ -419,7 +423,7 @@ async def run(
             peak = max(peak, rss_mb(proc.pid))
         finally:
             await rules.stop()
-        return {
+        result = {
             **extra,
             "seed_s": seeded,
             "p50_s": pct(samples, 0.5),
@@ -429,6 +433,13 @@ async def run(
             "churn_per_s": changed / churn_wall,
             "churn_cpu_pct": churn_cpu * 100,
         }
+        # its figures are in: a slow exit (over EXIT_GRACE s) is reported, not fatal
+        exit_s = await stop_process(proc, "the controller", EXIT_GRACE, fail=False)
+        result["exit_s"] = exit_s
+        if exit_s == math.inf:
+            print(f"{label}: the controller did not exit within {EXIT_GRACE:g} s of SIGTERM; "
+                  f"its last output:\n{out.tail()}", flush=True)  # fmt: skip
+        return result
     finally:
         if proc is not None:
             await stop_process(proc, "the controller")
@@ -467,7 +478,7 @@ TABLE = (
     ("seed_retries", "seed retries (429/5xx)"), ("p50_s", "fault -> taint p50, ms"),
     ("p99_s", "fault -> taint p99, ms"), ("rss_mb", "controller peak RSS, MB"),
     ("churn_per_s", "pod status changes/s"), ("churn_cpu_pct", "controller CPU, % of a core"),
-    ("lost_lease", "Lease losses"),
+    ("lost_lease", "Lease losses"), ("exit_s", "controller exit after SIGTERM, s"),
 )  # fmt: skip
 
 
@@ -483,7 +494,7 @@ def side_by_side(results: dict[str, dict[str, float]]) -> str:
                 cells.append("-")
             elif key in ("p50_s", "p99_s"):
                 cells.append(f"{value * 1000:.0f}")
-            elif key in ("seed_s", "rss_mb", "churn_per_s", "churn_cpu_pct"):
+            elif key in ("seed_s", "rss_mb", "churn_per_s", "churn_cpu_pct", "exit_s"):
                 cells.append(f"{value:.1f}")
             else:
                 cells.append(f"{value:.0f}")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import math
+import time
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -83,14 +85,22 @@ class Output:
             await self._task
 
 
-async def stop_process(proc: asyncio.subprocess.Process, what: str, grace: float = 10.0) -> None:
-    """SIGTERM ``proc`` and wait ``grace`` s; if it is still there, SIGKILL it and fail."""
+async def stop_process(
+    proc: asyncio.subprocess.Process, what: str, grace: float = 10.0, *, fail: bool = True
+) -> float:
+    """SIGTERM ``proc`` and wait ``grace`` s; if it is still there, SIGKILL it and fail
+    (with ``fail=False``: return ``inf`` instead, so a run's figures survive a slow exit).
+    Returns the seconds from SIGTERM to its exit (0 when it had already exited)."""
     if proc.returncode is not None:
-        return
+        return 0.0
+    t0 = time.monotonic()
     proc.terminate()
     try:
         await within(proc.wait(), grace, f"{what} to exit after SIGTERM")
     except BenchTimeout:
         proc.kill()
         await within(proc.wait(), grace, f"{what} to exit after SIGKILL")
-        raise
+        if fail:
+            raise
+        return math.inf
+    return time.monotonic() - t0
