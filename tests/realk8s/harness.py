@@ -228,9 +228,10 @@ func main() { etcdmain.Main(os.Args) }
 
 
 def build(version: str, *, say: Any = print) -> Path:
-    """Build ``version``'s control plane and etcd into :func:`bin_dir`; return it."""
+    """Build ``version``'s control plane, kubectl and etcd into :func:`bin_dir`; return
+    it. Only what is missing is built (a cache from before kubectl was added gains it)."""
     bins = bin_dir(version)
-    if built(version):
+    if built(version) and all((bins / c).is_file() for c in CLIENTS):
         say(f"{version}: already built in {bins}")
         return bins
     if shutil.which("go") is None:
