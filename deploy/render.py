@@ -904,7 +904,30 @@ def _load_yaml_map(path: Path, what: str) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise TemplateError(f"{what} {path}: expected a map at the top")
+    if _contains_itself(data):
+        # helm: "yaml: anchor 'x' value contains itself" (JSON cannot hold it; written out
+        # in full, as toYaml writes an alias, it would never end)
+        raise TemplateError(f"{what} {path}: an anchor's value contains itself")
     return data
+
+
+def _contains_itself(value: Any) -> bool:
+    """Whether ``value`` holds itself somewhere below (a YAML alias inside its anchor)."""
+    on_path: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(value, False)]
+    while stack:
+        item, leaving = stack.pop()
+        if leaving:
+            on_path.discard(id(item))
+            continue
+        if not isinstance(item, dict | list):
+            continue
+        if id(item) in on_path:
+            return True
+        on_path.add(id(item))
+        stack.append((item, True))
+        stack.extend((v, False) for v in (item.values() if isinstance(item, dict) else item))
+    return False
 
 
 def render_chart(

@@ -109,11 +109,11 @@ PERMISSIONS: dict[str, tuple[Permission, ...]] = {
                    when="rules"),
         Permission(_R, "devicetaintrules", ("patch",), subresource="status", when="rules"),
         Permission("", "events", ("create",)),
-        # the opt-out label drahealth.io/remediation=disabled: a label-selected Node watch
-        Permission("", "nodes", ("list", "watch")),
+        # the opt-out label drahealth.io/remediation=disabled: a label-selected Node watch;
+        # get: the uid of a Node an Event is about (and the rollup's read before its patch)
+        Permission("", "nodes", ("get", "list", "watch")),
         Permission("", "nodes", ("get", "list", "update"), when="nodes"),
-        # the node rollup's DRADevicesHealthy condition: a read, then a nodes/status patch
-        Permission("", "nodes", ("get",), when="rollup"),
+        # the node rollup's DRADevicesHealthy condition: a nodes/status patch
         Permission("", "nodes", ("patch",), subresource="status", when="rollup"),
         Permission("", "configmaps", ("get", "list", "watch", "create", "update", "patch"),
                    scope="namespace"),

@@ -42,7 +42,7 @@ from ._events import (
     event_namespace,
     make_event,
 )
-from ._leader import FencedClient, LeaderElector, LeaseLost
+from ._leader import FencedClient, LeaderElector, LeaseLost, lease_from_dict
 from ._ops import (
     apply,
     apply_status,
@@ -111,6 +111,7 @@ __all__ = [
     "is_conflict",
     "is_gone",
     "is_not_found",
+    "lease_from_dict",
     "load_config",
     "make_client",
     "make_event",

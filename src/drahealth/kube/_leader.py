@@ -25,19 +25,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
 import math
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
 from lightkube import ApiError, AsyncClient
 from lightkube.resources.coordination_v1 import Lease
 
 from drahealth._aio import cancel_and_wait
-from drahealth._time import now_rfc3339_micro
+from drahealth._time import now_rfc3339_micro, rfc3339_micro
 from drahealth.core import positive_seconds
 
 __all__ = ["FencedClient", "LeaderElector", "LeaseLost"]
@@ -83,8 +84,27 @@ class FencedClient:
         return fenced
 
 
+#: The Lease fields that are a ``metav1.MicroTime``.
+_MICRO_TIMES = ("acquireTime", "renewTime")
+
+
+def lease_from_dict(body: Mapping[str, Any]) -> Lease:
+    """``body`` as a Lease whose times are sent as the API server reads a
+    ``metav1.MicroTime``: six fraction digits, always. (lightkube holds them as datetimes,
+    and msgspec writes one that falls on a whole second with no fraction, which
+    kube-apiserver refuses: ``cannot parse "Z" as ".000000"``.)"""
+    lease = cast(Lease, Lease.from_dict(dict(body)))
+    spec = lease.spec
+    if spec is not None:
+        for key in _MICRO_TIMES:
+            value = getattr(spec, key)
+            if isinstance(value, dt.datetime):
+                setattr(spec, key, rfc3339_micro(value))  # sent as this text
+    return lease
+
+
 def _lease(body: dict[str, Any]) -> Lease:
-    return cast(Lease, Lease.from_dict(body))
+    return lease_from_dict(body)
 
 
 class LeaderElector:

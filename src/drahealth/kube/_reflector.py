@@ -474,14 +474,17 @@ class Reflector(Generic[T]):
     selector strings. Handlers run in the reflector's task, in order; exceptions in
     handlers are logged and swallowed. A slow async handler delays later events.
     ``transform`` is applied to each object as it arrives, before it is stored or handed
-    on (:func:`strip_managed_fields` keeps a large cache small).
+    on (:func:`strip_managed_fields` keeps a large cache small); an object it raises on is
+    logged, counted and kept as it arrived, so one object cannot stop the cache (the
+    watch would resume before it and meet it again for ever).
 
     Counters for tests and metrics: ``lists`` (LIST calls that succeeded),
     ``relists`` (LISTs forced by 410 Gone or a too large resourceVersion),
     ``watches`` (watch requests sent), ``reconnects`` (watch re-establishments after
     an error or disconnect; a server closing a watch at its timeout is not one),
     ``rv_checks`` (one-item LISTs that checked the server is not behind our
-    resourceVersion before a watch was resumed), ``last_error``.
+    resourceVersion before a watch was resumed), ``transform_errors`` (objects
+    ``transform`` raised on), ``last_error``.
 
     That check runs before re-watching after a transport error or dropped connection,
     after a watch the server ended well before its ``timeoutSeconds`` (a restarting
@@ -548,6 +551,7 @@ class Reflector(Generic[T]):
         self.watches = 0
         self.reconnects = 0
         self.rv_checks = 0
+        self.transform_errors = 0
         self.last_error: BaseException | None = None
 
     # ------------------------------------------------------------------ public API
@@ -724,7 +728,7 @@ class Reflector(Generic[T]):
                 if _exc_too_large(exc):
                     raise _TooLarge() from exc
                 raise
-            items.extend(chunk if self._transform is None else map(self._transform, chunk))
+            items.extend(chunk if self._transform is None else map(self._transformed, chunk))
         if not list_rv:
             for o in items:
                 list_rv = _max_rv(list_rv, resource_version(o))
@@ -843,11 +847,24 @@ class Reflector(Generic[T]):
             return
         obj: T = decoders.decode_object(ev.object, self.resource_type)
         if self._transform is not None:
-            obj = self._transform(obj)
+            obj = self._transformed(obj)
         self.last_resource_version = _max_rv(self.last_resource_version, resource_version(obj))
         out = self._cache.apply(etype, obj)
         if out is not None:
             await self._dispatch(out)
+
+    def _transformed(self, obj: T) -> T:
+        assert self._transform is not None
+        try:
+            return self._transform(obj)
+        except Exception:
+            self.transform_errors += 1
+            if self.transform_errors == 1 or self.transform_errors % 1000 == 0:
+                log.exception(
+                    "%s: transform failed on an object (%d so far); kept as it arrived",
+                    self.name, self.transform_errors,
+                )  # fmt: skip
+            return obj
 
     async def _dispatch(self, event: ReflectorEvent[T]) -> None:
         for handler in list(self._handlers):

@@ -20,7 +20,7 @@ import os
 import platform
 import shutil
 import uuid
-from typing import Any, cast
+from typing import Any
 
 from lightkube import ApiError, AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
@@ -29,7 +29,7 @@ from lightkube.resources.core_v1 import Node
 from lightkube.types import PatchType
 
 from drahealth._time import now_rfc3339, now_rfc3339_micro
-from drahealth.kube import is_already_exists, is_not_found, patch_status
+from drahealth.kube import is_already_exists, is_not_found, lease_from_dict, patch_status
 
 __all__ = ["LEASE_NAMESPACE", "NodeRegistrar", "node_status"]
 
@@ -230,7 +230,7 @@ class NodeRegistrar:
                              "ownerReferences": owner},
                 "spec": {**spec, "acquireTime": now},
             }  # fmt: skip
-            await self.client.create(cast(Lease, Lease.from_dict(lease)))
+            await self.client.create(lease_from_dict(lease))  # six fraction digits
         self.lease_renewals += 1
 
     async def _every(self, interval: float, write: Any) -> None:

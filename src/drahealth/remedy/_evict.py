@@ -11,9 +11,15 @@ per node, where a pod counts from its eviction request until it is gone. A 429 (
 budget allows no disruption now) is retried per pod with capped, jittered backoff and
 reported once per distinct message; the pod stays wanted. A pod that is gone, or no
 longer wanted (its device recovered), is dropped. A request that got no answer (reset,
-timed out) may have evicted the pod: the pod is read first the next time (gone or
-terminating: recorded as evicted, once; still running: asked again if still wanted), and
-the worker goes on with the other pods meanwhile.
+timed out) may have evicted the pod: the pod keeps its place under the limits, is read
+first the next time whatever the limits (gone or terminating: recorded as evicted, once;
+still running: asked again if still wanted, else its place is freed), and the worker goes
+on with the other pods meanwhile. Each request names the uid of the pod the controller saw
+(``deleteOptions.preconditions``): a pod deleted and created again under the same name is
+not evicted in its place (the API server answers 409 Conflict; the entry is dropped, and
+the next pass asks again if the pod seen is still there and wanted). kube-apiserver retries
+a conflicting eviction for about 10 s before that 409, so the request may time out first:
+the pod is then read as after any lost answer (another uid: gone).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from lightkube import ApiError, AsyncClient
-from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.meta_v1 import DeleteOptions, ObjectMeta, Preconditions
 from lightkube.resources.core_v1 import Pod
 
 from drahealth.core import Consumer, Eviction
@@ -144,11 +150,12 @@ class Evictor:
             if p.not_before > now:
                 next_due = min(next_due, p.not_before - now)
                 continue
-            if len(self._disrupting) >= self.limits.max_concurrent:
-                break
-            on_node = sum(1 for n in self._disrupting.values() if n == p.pod.node)
-            if on_node >= self.limits.max_concurrent_per_node:
-                continue
+            if not p.answer_lost:  # (one whose answer was lost holds its place already)
+                if len(self._disrupting) >= self.limits.max_concurrent:
+                    continue
+                on_node = sum(1 for n in self._disrupting.values() if n == p.pod.node)
+                if on_node >= self.limits.max_concurrent_per_node:
+                    continue
             if self._tokens < 1.0:
                 next_due = min(next_due, (1.0 - self._tokens) / self.limits.per_second)
                 break
@@ -183,19 +190,29 @@ class Evictor:
                 del self._pending[uid]
                 if now == "terminating":  # counts until it is gone, as an answered one
                     self._disrupting[uid] = pod.node
+                else:
+                    self._disrupting.pop(uid, None)
                 self.evicted += 1
                 self._on_event(pod, "evicted", f"{p.reason} (the eviction's answer was lost)")
                 return
-            if not p.wanted:
+            if not p.wanted:  # not evicted, and not to be: its place is free again
                 del self._pending[uid]
+                self._disrupting.pop(uid, None)
                 return
-        body = Pod.Eviction(metadata=ObjectMeta(name=pod.name, namespace=pod.namespace))
+            # still running and wanted: asked again in the place it holds
+        body = Pod.Eviction(
+            metadata=ObjectMeta(name=pod.name, namespace=pod.namespace),
+            # this pod, not one created since under its name
+            deleteOptions=DeleteOptions(preconditions=Preconditions(uid=pod.uid)),
+        )
         try:
             await self.client.create(body, name=pod.name, namespace=pod.namespace)
         except TRANSPORT_ERRORS as exc:
             # no answer: the pod may or may not be evicted; it stays wanted and is asked
-            # again (an eviction is idempotent), and the worker goes on with the others
+            # again (an eviction is idempotent), holding its place under the limits as
+            # one being evicted does, and the worker goes on with the others
             p.answer_lost = True
+            self._disrupting[uid] = pod.node
             p.not_before = self._clock() + p.backoff.next()
             log.warning(
                 "evicting %s/%s: no answer from the API server (%s: %s); asking again",
@@ -203,9 +220,17 @@ class Evictor:
             )  # fmt: skip
             return
         except ApiError as exc:
+            self._disrupting.pop(uid, None)  # answered: this request evicted nothing
             code, message = exc.status.code, exc.status.message or ""
             if code == 404:
                 del self._pending[uid]
+                return
+            if code == 409:
+                # the uid named is not the pod's now (deleted and created again), or the
+                # pod changed under the request: dropped; the next pass asks again if the
+                # pod seen is still there and still wanted
+                del self._pending[uid]
+                log.info("evicting %s/%s: %s", pod.namespace, pod.name, message)
                 return
             p.not_before = self._clock() + p.backoff.next()
             if code == 429:

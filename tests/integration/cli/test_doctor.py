@@ -223,8 +223,9 @@ async def test_each_component_passes_with_the_charts_roles(component: str, tmp_p
 async def test_the_policy_and_driver_flags_decide_the_optional_permissions(
     tmp_path: Path,
 ) -> None:
-    """A release without the node rollup grants no Node read nor nodes/status patch:
-    doctor asks for them unless ``--policy`` says the rollup is off; a driver without
+    """A release without the node rollup grants no nodes/status patch (a Node read it
+    grants in every mode: the uid of a Node an Event is about): doctor asks for it unless
+    ``--policy`` says the rollup is off; a driver without
     the claim cache is asked for list/watch unless ``--no-claim-cache``."""
     policy = {"apiVersion": "drahealth.io/v1", "kind": "RemediationPolicy",
               "nodeRollup": {"enabled": False},
@@ -234,7 +235,7 @@ async def test_the_policy_and_driver_flags_decide_the_optional_permissions(
               "driver": {"claimCache": False}}  # fmt: skip
     code, doc = await _doctor_as(values, "controller", tmp_path)
     rbac = _by_check(doc)["rbac:controller"]
-    assert code == 1 and rbac["message"] == "controller may not: get nodes, patch nodes/status"
+    assert code == 1 and rbac["message"] == "controller may not: patch nodes/status"
     path = tmp_path / "policy.yaml"
     path.write_text(json.dumps(policy))
     code, doc = await _doctor_as(values, "controller", tmp_path, "--policy", str(path))
