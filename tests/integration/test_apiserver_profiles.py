@@ -333,7 +333,8 @@ async def test_self_subject_access_review_is_answered_and_discovered() -> None:
         code, body = await http.call("GET", path)
         assert code == 405 and body["reason"] == "MethodNotAllowed"
         code, body = await http.call("POST", path, {**review, "spec": {}})
-        assert code == 422 and body["details"]["causes"][0]["field"] == "spec"
+        # 1.35 reports the missing attributes at spec.resourceAttributes (1.37: at spec)
+        assert code == 422 and body["details"]["causes"][0]["field"] == "spec.resourceAttributes"
         _, doc = await http.call("GET", "/apis/authorization.k8s.io/v1")
         assert doc["resources"][0]["name"] == "selfsubjectaccessreviews"
         assert doc["resources"][0]["verbs"] == ["create"]

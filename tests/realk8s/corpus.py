@@ -3325,6 +3325,184 @@ def cleanup_cases() -> list[Case]:
     ]
 
 
+def metadata_update_cases() -> list[Case]:
+    """An invalid label, annotation and uid sent as an update of each kind (a Job's uid
+    is left out: its selector names the uid). Before 1.37 the real server reports each
+    metadata cause as often as the generic and the kind's own update checks validate the
+    metadata again (2 to 4 times); from 1.37 on once."""
+    src = "metadata"
+    container = [{"name": "c", "image": "registry.example/app:1.0"}]
+    template = {"metadata": {"labels": {"app": "meta"}}, "spec": {"containers": container}}
+    workload = {"replicas": 0, "selector": {"matchLabels": {"app": "meta"}}, "template": template}
+    objects: list[tuple[str, str, JSON, bool]] = [
+        (
+            "Node",
+            f"{CORE}/nodes",
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "@P@-meta"}},
+            False,
+        ),
+        (
+            "ConfigMap",
+            _ns("configmaps"),
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "meta"}},
+            False,
+        ),
+        ("Pod", _ns("pods"), _pod("meta"), False),
+        (
+            "Event",
+            _ns("events"),
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": "meta"},
+                "involvedObject": {"kind": "Pod", "name": "meta", "namespace": NS},
+                "reason": "Probe",
+                "message": "m",
+                "type": "Normal",
+                "source": {"component": "drahealth"},
+            },
+            False,
+        ),
+        (
+            "Event v1",
+            f"/apis/events.k8s.io/v1/namespaces/{NS}/events",
+            {
+                "apiVersion": "events.k8s.io/v1",
+                "kind": "Event",
+                "metadata": {"name": "meta-v1"},
+                "eventTime": "2026-01-02T03:04:05.000001Z",
+                "reportingController": "drahealth.io/controller",
+                "reportingInstance": "controller-0",
+                "action": "Probe",
+                "reason": "Probe",
+                "type": "Normal",
+                "regarding": {"kind": "Pod", "name": "meta", "namespace": NS, "apiVersion": "v1"},
+            },
+            False,
+        ),
+        (
+            "Lease",
+            f"/apis/coordination.k8s.io/v1/namespaces/{NS}/leases",
+            {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "meta"}},
+            False,
+        ),
+        (
+            "Deployment",
+            f"/apis/apps/v1/namespaces/{NS}/deployments",
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": "meta"},
+                "spec": workload,
+            },
+            False,
+        ),
+        (
+            "ReplicaSet",
+            f"/apis/apps/v1/namespaces/{NS}/replicasets",
+            {
+                "apiVersion": "apps/v1",
+                "kind": "ReplicaSet",
+                "metadata": {"name": "meta"},
+                "spec": workload,
+            },
+            False,
+        ),
+        (
+            "Job",
+            f"/apis/batch/v1/namespaces/{NS}/jobs",
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": {"name": "meta"},
+                "spec": {
+                    "suspend": True,
+                    "template": {"spec": {"restartPolicy": "Never", "containers": container}},
+                },
+            },
+            False,
+        ),
+        (
+            "PodDisruptionBudget",
+            f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets",
+            {
+                "apiVersion": "policy/v1",
+                "kind": "PodDisruptionBudget",
+                "metadata": {"name": "meta"},
+                "spec": {"minAvailable": 1},
+            },
+            False,
+        ),
+        (
+            "DeviceClass",
+            f"{DRA}/deviceclasses",
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": "@P@-meta"},
+            },
+            True,
+        ),
+        ("ResourceClaim", _dra_ns("resourceclaims"), _claim("meta"), True),
+        (
+            "ResourceClaimTemplate",
+            _dra_ns("resourceclaimtemplates"),
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaimTemplate",
+                "metadata": {"name": "meta"},
+                "spec": {"spec": {}},
+            },
+            True,
+        ),
+        ("ResourceSlice", f"{DRA}/resourceslices", _slice("@P@-meta"), True),
+        # a rule that selects no device (served by default from 1.37 on)
+        (
+            "DeviceTaintRule",
+            f"{DRA}/devicetaintrules",
+            _rule("@P@-meta", selector={"driver": DRIVER, "pool": "none", "device": "none"}),
+            True,
+        ),
+    ]
+    out: list[Case] = []
+    for kind, path, obj, dra in objects:
+        name = obj["metadata"]["name"]
+        out.append(_req(f"{kind} meta create", src, "POST", path, obj, compare="code", dra=dra))
+        bad: list[tuple[str, JSON]] = [
+            ("label", {"metadata": {"labels": {"bad key!": "x"}}}),
+            ("annotation", {"metadata": {"annotations": {"bad key!": "x"}}}),
+        ]
+        if kind != "Job":
+            bad.append(("uid", {"metadata": {"uid": "00000000-0000-0000-0000-000000000000"}}))
+        for what, patch in bad:
+            out.append(
+                _req(
+                    f"{kind} update invalid {what}",
+                    src,
+                    "PATCH",
+                    f"{path}/{name}",
+                    patch,
+                    ctype=MERGE,
+                    dra=dra,
+                )
+            )
+        if "/namespaces/" not in path:  # cluster-scoped: gone before the cleanup
+            out.append(
+                _req(
+                    f"{kind} meta delete", src, "DELETE", f"{path}/{name}", compare="code", dra=dra
+                )
+            )
+    for what, patch in (
+        ("label", {"metadata": {"labels": {"bad key!": "x"}}}),
+        ("uid", {"metadata": {"uid": "00000000-0000-0000-0000-000000000000"}}),
+    ):
+        out.append(
+            _req(f"Namespace update invalid {what}", src, "PATCH", f"{CORE}/namespaces/{NS}",
+                 patch, ctype=MERGE)
+        )  # fmt: skip
+    return out
+
+
 def corpus() -> list[Case]:
     """The whole corpus, in the order it runs."""
     from tests.realk8s.official_client import official_cases
@@ -3336,6 +3514,7 @@ def corpus() -> list[Case]:
         *kubectl_binary_cases(),
         *official_cases(),
         *validation_cases(),
+        *metadata_update_cases(),
         *cleanup_cases(),
     ]
 
@@ -3401,15 +3580,17 @@ async def differential(
     workdir: Path,
     prefix: str,
     cases: list[Case] | None = None,
+    gates: dict[str, bool] | None = None,
 ) -> list[Result]:
     """Run ``cases`` (default: :func:`corpus`) against the real server and an embedded one
-    of release ``minor`` started here; the real server is cleaned up afterwards."""
+    of release ``minor`` (with the real server's feature ``gates`` set) started here; the
+    real server is cleaned up afterwards."""
     from drahealth.controlplane import APIServer
     from drahealth.core import kube_profile
     from drahealth.kube import make_client
     from tests.realk8s.official_client import Official
 
-    server = APIServer(data_file=None, profile=kube_profile(minor))
+    server = APIServer(data_file=None, profile=kube_profile(minor, gates))
     await server.start()
     ctx = Context(namespace=prefix, prefix=prefix)
     real = Target("real", apiserver, token, kubeconfig, kubectl, ca_file=ca_file)

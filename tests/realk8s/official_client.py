@@ -463,6 +463,9 @@ def core_cases() -> list[Case]:
 
     def uncordon_taint(c: Official, ctx: Context) -> Any:
         node = c.core.read_node(f"{ctx.prefix}-oc-node")
+        # unconditional (a Node allows it): the real node lifecycle controller may write
+        # the Node between the read and the replace (a stale heartbeat), a 409 by chance
+        node.metadata.resource_version = None
         node.spec.unschedulable = None
         node.spec.taints = [
             client.V1Taint(key="example.com/gpu-unhealthy", value="ecc", effect="NoSchedule")

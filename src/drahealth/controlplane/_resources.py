@@ -504,9 +504,11 @@ class Registry:
     def _storage_version(self, rt: ResourceType) -> str:
         """The version the real server of this release stores ``rt`` at (its
         ``ResourceEncodingOverrides`` keep a new kind at an older version for a release)."""
+        minor = int(self.kube_version.split(".")[1])
         if (rt.group, rt.kind) == ("resource.k8s.io", "DeviceTaintRule"):
-            minor = int(self.kube_version.split(".")[1])
             return {37: "v1beta2"}.get(minor, "v1alpha3" if minor < 37 else "v1")
+        if rt.group == "resource.k8s.io" and minor <= 34:
+            return "v1beta2"  # 1.34 serves v1 and still stores the DRA kinds at v1beta2
         return rt.storage_version or rt.version
 
     def api_group(self, group: str) -> JSON | None:

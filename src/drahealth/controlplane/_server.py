@@ -857,14 +857,16 @@ class APIServer:
                     items, q.get("limit"), q.get("continue"), self.store.rv, filtered
                 )
                 if as_table:
-                    body = table(rt, items, rv, include)
+                    body = table(rt, items, rv, include, minor=self.profile.minor)
                 else:
                     body = self._list_body(rt, items)
                     body["metadata"]["resourceVersion"] = rv
                 body["metadata"].update(more)
                 return _respond(body)
             obj = _as_version(rt, self.engine.get(rt, ns, name))
-            return _respond(table(rt, [obj], None, include) if as_table else obj)
+            if as_table:
+                return _respond(table(rt, [obj], None, include, minor=self.profile.minor))
+            return _respond(obj)
         if method == "POST":
             if name is not None or (rt.namespaced and ns is None):
                 raise _method_not_allowed()
@@ -1048,7 +1050,9 @@ class APIServer:
         async def send(kind: str, obj: JSON) -> None:
             if kind != "BOOKMARK":
                 obj = _as_version(rt, obj)
-            payload = table(rt, [obj], None, include) if as_table and kind != "BOOKMARK" else obj
+            payload = obj
+            if as_table and kind != "BOOKMARK":
+                payload = table(rt, [obj], None, include, minor=self.profile.minor)
             try:
                 # A client that stops reading leaves the write waiting for the transport
                 # to drain; bound that wait so it cannot pin the stream (and its buffer).

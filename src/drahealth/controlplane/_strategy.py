@@ -208,41 +208,219 @@ def _drop_deallocated_status_devices(status: JSON, old: JSON) -> None:
         status.pop("devices", None)
 
 
+def _pop(obj: Any, key: str) -> bool:
+    """Remove ``key`` from the dict ``obj``; whether something was there."""
+    return isinstance(obj, dict) and obj.pop(key, None) is not None
+
+
+def _slice_devices(obj: JSON | None) -> list[JSON]:
+    devices = ((obj or {}).get("spec") or {}).get("devices") or []
+    return [d for d in devices if isinstance(d, dict)] if isinstance(devices, list) else []
+
+
+_PER_DEVICE_NODE = ("nodeName", "nodeSelector", "allNodes")
+_BINDING = ("bindingConditions", "bindingFailureConditions", "bindsToNode")
+
+
+def _partitionable_in_use(obj: JSON | None) -> bool:
+    spec = (obj or {}).get("spec") or {}
+    if spec.get("sharedCounters") or spec.get("perDeviceNodeSelection") is not None:
+        return True
+    return any(
+        d.get("consumesCounters") or any(d.get(k) is not None for k in _PER_DEVICE_NODE)
+        for d in _slice_devices(obj)
+    )
+
+
+def _binding_in_use(obj: JSON | None) -> bool:
+    return any(
+        d.get("bindingConditions")
+        or d.get("bindingFailureConditions")
+        or d.get("bindsToNode") is not None
+        for d in _slice_devices(obj)
+    )
+
+
+def _shared_capacity_in_use(obj: JSON | None) -> bool:
+    return any(
+        d.get("allowMultipleAllocations") is not None
+        or any(
+            isinstance(c, dict) and c.get("requestPolicy") is not None
+            for c in (d.get("capacity") or {}).values()
+        )
+        for d in _slice_devices(obj)
+        if isinstance(d.get("capacity") or {}, dict)
+    )
+
+
+def _drop_slice_fields(new: JSON, old: JSON | None, profile: KubeProfile) -> bool:
+    """Upstream's ResourceSlice ``dropDisabledFields``; whether anything was dropped."""
+    dropped = False
+    spec = new.get("spec")
+    devices = _slice_devices(new)
+    if not profile.slice_taints and not _slice_taints_in_use(old):
+        for dev in devices:
+            dropped |= _pop(dev, "taints")
+    if not profile.enabled("DRAPartitionableDevices") and not _partitionable_in_use(old):
+        dropped |= _pop(spec, "sharedCounters") | _pop(spec, "perDeviceNodeSelection")
+        for dev in devices:
+            for key in ("consumesCounters", *_PER_DEVICE_NODE):
+                dropped |= _pop(dev, key)
+    binding = profile.enabled("DRADeviceBindingConditions") and profile.claim_device_status
+    if not binding and not _binding_in_use(old):
+        for dev in devices:
+            for key in _BINDING:
+                dropped |= _pop(dev, key)
+    if not profile.enabled("DRAConsumableCapacity") and not _shared_capacity_in_use(old):
+        for dev in devices:
+            dropped |= _pop(dev, "allowMultipleAllocations")
+            capacity = dev.get("capacity")
+            for cap in capacity.values() if isinstance(capacity, dict) else ():
+                dropped |= _pop(cap, "requestPolicy")
+    return dropped
+
+
+def _requests(spec: Any) -> list[JSON]:
+    devices = spec.get("devices") if isinstance(spec, dict) else None
+    reqs = devices.get("requests") if isinstance(devices, dict) else None
+    return [r for r in reqs if isinstance(r, dict)] if isinstance(reqs, list) else []
+
+
+def _exact_requests(spec: Any) -> list[JSON]:
+    """Every ``exactly`` and ``firstAvailable`` entry of a claim spec's requests."""
+    out: list[JSON] = []
+    for req in _requests(spec):
+        if isinstance(req.get("exactly"), dict):
+            out.append(req["exactly"])
+        subs = req.get("firstAvailable")
+        if isinstance(subs, list):
+            out.extend(s for s in subs if isinstance(s, dict))
+    return out
+
+
+def _constraints(spec: Any) -> list[JSON]:
+    devices = spec.get("devices") if isinstance(spec, dict) else None
+    items = devices.get("constraints") if isinstance(devices, dict) else None
+    return [c for c in items if isinstance(c, dict)] if isinstance(items, list) else []
+
+
+def _drop_claim_spec_fields(spec: Any, old_spec: Any, profile: KubeProfile) -> None:
+    """Upstream's ``resourceclaimspec.DropDisabledFields`` (1.35 on; 1.34 drops the same
+    in each strategy, but no tolerations, and its loop over constraints drops no
+    ``distinctAttribute``)."""
+    if not isinstance(spec, dict):
+        return
+    tolerations_in_use = any(e.get("tolerations") for e in _exact_requests(old_spec))
+    if profile.minor >= 35 and not profile.slice_taints and not tolerations_in_use:
+        for e in _exact_requests(spec):
+            e.pop("tolerations", None)
+    if not profile.enabled("DRAConsumableCapacity"):
+        in_use = any(c.get("distinctAttribute") is not None for c in _constraints(old_spec))
+        in_use |= any(e.get("capacity") is not None for e in _exact_requests(old_spec))
+        if not in_use:
+            if profile.minor >= 35:
+                for c in _constraints(spec):
+                    c.pop("distinctAttribute", None)
+            for e in _exact_requests(spec):
+                e.pop("capacity", None)
+
+
+def _results(status: Any) -> list[JSON]:
+    alloc = status.get("allocation") if isinstance(status, dict) else None
+    devices = alloc.get("devices") if isinstance(alloc, dict) else None
+    results = devices.get("results") if isinstance(devices, dict) else None
+    return [r for r in results if isinstance(r, dict)] if isinstance(results, list) else []
+
+
+def _drop_claim_status_fields(status: JSON, old: JSON | None, profile: KubeProfile) -> None:
+    """Upstream's claim status drops for DRAConsumableCapacity and
+    DRADeviceBindingConditions (1.34: the latter also needs DRAResourceClaimDeviceStatus
+    and takes ``allocationTimestamp`` too)."""
+    old_status = (old or {}).get("status")
+    old_devices = old_status.get("devices") if isinstance(old_status, dict) else None
+    if not profile.enabled("DRAConsumableCapacity"):
+        in_use = any(
+            r.get("shareID") is not None or r.get("consumedCapacity") is not None
+            for r in _results(old_status)
+        )
+        in_use |= any(
+            isinstance(d, dict) and d.get("shareID") is not None for d in old_devices or ()
+        )
+        old_spec = (old or {}).get("spec")
+        in_use |= any(c.get("distinctAttribute") is not None for c in _constraints(old_spec))
+        in_use |= any(e.get("capacity") is not None for e in _exact_requests(old_spec))
+        if not in_use:
+            for r in _results(status):
+                r.pop("shareID", None)
+                r.pop("consumedCapacity", None)
+            for d in status.get("devices") or ():
+                if isinstance(d, dict):
+                    d.pop("shareID", None)
+    binding = profile.enabled("DRADeviceBindingConditions")
+    if profile.minor <= 34:
+        binding = binding and profile.claim_device_status
+    old_alloc = old_status.get("allocation") if isinstance(old_status, dict) else None
+    in_use = any(r.get("bindingConditions") or r.get("bindingFailureConditions")
+                 for r in _results(old_status))  # fmt: skip
+    if profile.minor <= 34:
+        in_use |= isinstance(old_alloc, dict) and old_alloc.get("allocationTimestamp") is not None
+    if not binding and not in_use:
+        alloc = status.get("allocation")
+        if profile.minor <= 34 and isinstance(alloc, dict):
+            alloc.pop("allocationTimestamp", None)
+        for r in _results(status):
+            r.pop("bindingConditions", None)
+            r.pop("bindingFailureConditions", None)
+
+
 def drop_disabled_fields(
     rt: ResourceType, new: JSON, old: JSON | None, profile: KubeProfile | None
-) -> None:
-    """Remove (in place) the fields ``profile``'s disabled gates take away, as upstream.
+) -> bool:
+    """Remove (in place) the fields ``profile``'s disabled gates take away, as upstream;
+    whether a ResourceSlice lost any (its generation counts what was sent).
 
-    ResourceSlice ``spec.devices[].taints`` without ``DRADeviceTaints``, unless the old
-    slice already had taints (``dropDisabledDRADeviceTaintsFields``); ResourceClaim
-    ``status.devices`` without ``DRAResourceClaimDeviceStatus``, unless the old claim
-    had entries (``dropDisabledDRAResourceClaimDeviceStatusFields``), and the entries of
-    devices an update deallocates (``dropDeallocatedStatusDevices``); Pod
-    ``status.*ContainerStatuses[].allocatedResourcesStatus`` without
-    ``ResourceHealthStatus`` (``dropDisabledPodStatusFields`` drops it whatever the old
-    pod had). ``ResourceHealthStatusMessage`` is the kubelet's gate: the API server
-    keeps a ``message`` it is sent. DeviceClass ``spec.extendedResourceName`` without
-    ``DRAExtendedResource``, unless the old class had one
+    A field stays where the old object already used the feature. ResourceSlice:
+    ``devices[].taints`` without ``DRADeviceTaints``; ``sharedCounters``,
+    ``perDeviceNodeSelection`` and ``devices[].consumesCounters``/``nodeName``/
+    ``nodeSelector``/``allNodes`` without ``DRAPartitionableDevices``; binding conditions
+    without ``DRADeviceBindingConditions`` (and ``DRAResourceClaimDeviceStatus``);
+    ``allowMultipleAllocations`` and capacity ``requestPolicy`` without
+    ``DRAConsumableCapacity``. ResourceClaim (and template) spec: request ``tolerations``
+    without ``DRADeviceTaints`` (1.35 on), ``capacity`` and constraint
+    ``distinctAttribute`` without ``DRAConsumableCapacity``. ResourceClaim status:
+    ``devices`` without ``DRAResourceClaimDeviceStatus``
+    (``dropDisabledDRAResourceClaimDeviceStatusFields``), the entries of devices an
+    update deallocates (``dropDeallocatedStatusDevices``), share ids and consumed
+    capacity, binding conditions. Pod ``status.*ContainerStatuses[].allocatedResourcesStatus``
+    without ``ResourceHealthStatus`` (``dropDisabledPodStatusFields`` drops it whatever
+    the old pod had). ``ResourceHealthStatusMessage`` is the kubelet's gate: the API
+    server keeps a ``message`` it is sent. DeviceClass ``spec.extendedResourceName``
+    without ``DRAExtendedResource``, unless the old class had one
     (``dropDisabledDRAExtendedResourceFields``).
     """
     if profile is None:
-        return
+        return False
     if rt.group == "resource.k8s.io" and rt.kind == "ResourceSlice":
-        if profile.slice_taints or _slice_taints_in_use(old):
-            return
-        for dev in (new.get("spec") or {}).get("devices") or []:
-            if isinstance(dev, dict):
-                dev.pop("taints", None)
-    elif rt.group == "resource.k8s.io" and rt.kind == "ResourceClaim":
+        return _drop_slice_fields(new, old, profile)
+    if rt.group == "resource.k8s.io" and rt.kind == "ResourceClaim":
+        _drop_claim_spec_fields(new.get("spec"), (old or {}).get("spec"), profile)
         # dropDisabledDRAResourceClaimDeviceStatusFields: kept where the old claim had it
         status = new.get("status")
         old_devices = ((old or {}).get("status") or {}).get("devices")
         if not isinstance(status, dict):
-            return
+            return False
+        _drop_claim_status_fields(status, old, profile)
         if not profile.claim_device_status and not old_devices:
             status.pop("devices", None)
         elif old is not None:
             _drop_deallocated_status_devices(status, old)
+    elif rt.group == "resource.k8s.io" and rt.kind == "ResourceClaimTemplate":
+        spec, old_spec = new.get("spec"), (old or {}).get("spec")
+        _drop_claim_spec_fields(
+            spec.get("spec") if isinstance(spec, dict) else None,
+            old_spec.get("spec") if isinstance(old_spec, dict) else None,
+            profile,
+        )
     elif rt.group == "resource.k8s.io" and rt.kind == "DeviceClass":
         old_name = ((old or {}).get("spec") or {}).get("extendedResourceName")
         spec = new.get("spec")
@@ -251,11 +429,12 @@ def drop_disabled_fields(
     elif rt.group == "" and rt.kind == "Pod" and not profile.enabled("ResourceHealthStatus"):
         status = new.get("status")
         if not isinstance(status, dict):
-            return
+            return False
         for lst in _CONTAINER_STATUSES:
             for cs in status.get(lst) or []:
                 if isinstance(cs, dict):
                     cs.pop("allocatedResourcesStatus", None)
+    return False
 
 
 def prepare_create(
@@ -331,10 +510,12 @@ def prepare_update(
             out["status"] = copy.deepcopy(old["status"])
         else:
             out.pop("status", None)
-    drop_disabled_fields(rt, out, old, profile)
+    # a ResourceSlice's generation counts the spec as sent: upstream compares it before
+    # dropping the fields of disabled gates
+    dropped = drop_disabled_fields(rt, out, old, profile)
     _defaults(rt, out, old, now)
     canonical_times(out, rt.model)
-    if _tracks_generation(rt) and spec_part(out) != spec_part(old):
+    if _tracks_generation(rt) and (dropped or spec_part(out) != spec_part(old)):
         meta["generation"] = int(old_meta.get("generation") or 1) + 1
     return out
 

@@ -156,8 +156,13 @@ def _node_info(node: JSON, key: str) -> str:
 
 
 def _kernel(node: JSON) -> str:
+    """The kernel version with the architecture after it (1.36 on)."""
     arch = _get(node, "status", "nodeInfo", "architecture")
     return _node_info(node, "kernelVersion") + (f" ({arch})" if arch else "")
+
+
+def _kernel_only(node: JSON) -> str:
+    return _node_info(node, "kernelVersion")
 
 
 def _event_first(ev: JSON) -> str:
@@ -457,8 +462,12 @@ _COLUMNS: dict[tuple[str, str], list[Column]] = {
 }
 
 
-def _columns(rt: ResourceType) -> list[Column]:
-    return _COLUMNS.get((rt.group, rt.kind), [_NAME, _AGE])
+def _columns(rt: ResourceType, minor: int | None) -> list[Column]:
+    """The printer's columns for ``rt`` at release ``1.<minor>`` (None: the newest)."""
+    cols = _COLUMNS.get((rt.group, rt.kind), [_NAME, _AGE])
+    if (rt.group, rt.kind) == ("", "Node") and minor is not None and minor <= 35:
+        cols = [(n, t, _kernel_only if fn is _kernel else fn, p) for n, t, fn, p in cols]
+    return cols
 
 
 def _partial(obj: JSON) -> JSON:
@@ -475,9 +484,11 @@ def table(
     rv: str | None,
     include_object: str,
     with_columns: bool = True,
+    minor: int | None = None,
 ) -> JSON:
-    """A ``Table`` of ``objs``; ``include_object`` is None, Metadata (default) or Object."""
-    cols = _columns(rt)
+    """A ``Table`` of ``objs``; ``include_object`` is None, Metadata (default) or Object;
+    ``minor`` the release whose printers it follows (None: the newest)."""
+    cols = _columns(rt, minor)
     rows = []
     for obj in objs:
         row: JSON = {"cells": [col[2](obj) for col in cols]}

@@ -18,7 +18,9 @@ import inspect
 import ipaddress
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +46,32 @@ from ._status import cause
 
 JSON = dict[str, Any]
 MAX_CAUSES = 20
+
+#: The minor release whose rules the validation in progress applies (upstream's wording,
+#: field paths and checks changed between releases); :func:`object_causes` sets it from
+#: its profile, the newest rules apply outside it.
+_RELEASE: ContextVar[int] = ContextVar("validation_release", default=1 << 16)
+
+
+def _release() -> int:
+    return _RELEASE.get()
+
+
+@contextmanager
+def release_rules(profile: KubeProfile | None) -> Iterator[None]:
+    """Validate by the rules of ``profile``'s release (None: the newest) within."""
+    token = _RELEASE.set(profile.minor if profile is not None else 1 << 16)
+    try:
+        yield
+    finally:
+        _RELEASE.reset(token)
+
+
+def set_duplicate(at: str, key: str, value: Any) -> JSON:
+    """A duplicate entry of a list upstream's ``validateSet`` keys by ``key``: at the
+    entry (1.35 on), at the entry's key field (1.34)."""
+    return duplicate(f"{at}.{key}" if _release() <= 34 else at, value)
+
 
 _SUBDOMAIN_MSG = (
     "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, "
@@ -850,9 +878,24 @@ def _device_taint_rule_causes(obj: JSON, ctx: _Context) -> list[JSON]:
 
 
 def _access_review_causes(obj: JSON, profile: KubeProfile | None) -> list[JSON]:
-    """Upstream's ``ValidateSelfSubjectAccessReviewSpec``: exactly one kind of attributes."""
+    """Upstream's ``ValidateSelfSubjectAccessReviewSpec``: exactly one kind of attributes
+    (before 1.37 reported at the attribute missing or in excess)."""
     spec = _dict(obj.get("spec"))
     res, non = spec.get("resourceAttributes"), spec.get("nonResourceAttributes")
+    if _release() <= 36 and res is not None and non is not None:
+        return [
+            invalid_value(
+                "spec.nonResourceAttributes", non,
+                "cannot be specified in combination with resourceAttributes",
+            )
+        ]  # fmt: skip
+    if _release() <= 36 and res is None and non is None:
+        return [
+            invalid_value(
+                "spec.resourceAttributes", None,
+                "exactly one of nonResourceAttributes or resourceAttributes must be specified",
+            )
+        ]  # fmt: skip
     if (res is None) == (non is None):
         return [
             invalid_value(
@@ -891,7 +934,11 @@ def _c_identifier_causes(ident: str, field: str) -> list[JSON]:
 
 def _attribute_name_causes(name: str, field: str) -> list[JSON]:
     """Upstream's ``validateQualifiedName``: a C identifier, optionally after a domain
-    (a name with more than one slash is not checked, as upstream does not check it)."""
+    (a name with more than one slash is not checked, as upstream does not check it).
+    1.34 reports an empty name, domain or identifier as required."""
+    old = _release() <= 34
+    if old and not name:
+        return [required(field, "name required")]
     parts = name.split("/")
     if len(parts) == 1:
         return _c_identifier_causes(name, field)
@@ -900,19 +947,29 @@ def _attribute_name_causes(name: str, field: str) -> list[JSON]:
     out: list[JSON] = []
     domain, ident = parts
     if not domain:
-        out.append(invalid_value(field, "", "the domain must not be empty"))
+        detail = "the domain must not be empty"
+        out.append(required(field, detail) if old else invalid_value(field, "", detail))
     else:
         out.extend(_driver_name_causes(domain, field))
     if not ident:
-        out.append(invalid_value(field, "", "the name must not be empty"))
+        detail = "the name must not be empty"
+        out.append(required(field, detail) if old else invalid_value(field, "", detail))
     else:
         out.extend(_c_identifier_causes(ident, field))
     return out
 
 
-def _key_path(
-    where: str, key: str, limit: int = DEVICE_MAX_DOMAIN_LENGTH + 1 + DEVICE_MAX_ID_LENGTH
-) -> str:
+def _map_key_field(where: str, key: str, limit: int) -> str:
+    """Where upstream's ``validateMap`` reports a key's own causes: at the map (1.36 on),
+    at the (truncated) key's path before."""
+    return _key_path(where, key, limit) if _release() <= 35 else where
+
+
+#: Upstream's ``attributeAndCapacityMaxKeyLength``: where a key is shortened in a path.
+_QUALIFIED_KEY = DEVICE_MAX_DOMAIN_LENGTH + 1 + DEVICE_MAX_ID_LENGTH
+
+
+def _key_path(where: str, key: str, limit: int = _QUALIFIED_KEY) -> str:
     """``where[key]``, the key shortened in the middle as upstream's ``truncateIfTooLong``."""
     limit = max(limit, 16)
     if len(key) > limit:
@@ -927,7 +984,9 @@ def _attribute_causes(attrs: JSON, where: str) -> list[JSON]:
     out: list[JSON] = []
     for name, attr in attrs.items():
         here = _key_path(where, str(name))
-        out.extend(_attribute_name_causes(str(name), where))
+        out.extend(
+            _attribute_name_causes(str(name), _map_key_field(where, str(name), _QUALIFIED_KEY))
+        )
         attr = _dict(attr)
         for k in ("string", "version"):
             value = attr.get(k)
@@ -948,7 +1007,9 @@ def _attribute_causes(attrs: JSON, where: str) -> list[JSON]:
                     invalid_value(f"{here}.{k}", attr.get(k), "must not be empty if specified")
                 )
         kinds = [k for k in _ATTRIBUTE_KINDS if attr.get(k) is not None]
-        if len(kinds) != 1:
+        if not kinds and _release() <= 34:
+            out.append(required(here, "exactly one value must be specified"))
+        elif len(kinds) != 1:
             out.append(
                 invalid_value(
                     here, "" if not kinds else attr, "exactly one value must be specified"
@@ -1013,7 +1074,7 @@ def _counters_causes(counters: Any, where: str) -> list[JSON]:
         return [too_many(where, len(items), MAX_COUNTERS)]
     out: list[JSON] = []
     for name in items:
-        out.extend(dns_label_causes(str(name), where))
+        out.extend(dns_label_causes(str(name), _map_key_field(where, str(name), 63)))
     return out
 
 
@@ -1147,7 +1208,8 @@ def _device_causes(dev: JSON, where: str, per_device: bool, effects: tuple[str, 
         )  # fmt: skip
     out.extend(_attribute_causes(attrs, f"{where}.attributes"))
     for cap in caps:
-        out.extend(_attribute_name_causes(str(cap), f"{where}.capacity"))
+        at = _map_key_field(f"{where}.capacity", str(cap), _QUALIFIED_KEY)
+        out.extend(_attribute_name_causes(str(cap), at))
     taints = _list(dev.get("taints"))
     if len(taints) > DEVICE_TAINTS_MAX:
         out.append(too_many(f"{where}.taints", len(taints), DEVICE_TAINTS_MAX))
@@ -1164,7 +1226,7 @@ def _device_causes(dev: JSON, where: str, per_device: bool, effects: tuple[str, 
             out.extend(_counter_set_name_causes(c.get("counterSet"), f"{here}.counterSet"))
             out.extend(_counters_causes(c.get("counters"), f"{here}.counters"))
             if c.get("counterSet") in seen:
-                out.append(duplicate(here, c.get("counterSet")))
+                out.append(set_duplicate(here, "counterSet", c.get("counterSet")))
             seen.add(c.get("counterSet"))
     out.extend(_device_node_causes(dev, where, per_device))
     out.extend(_binding_causes(dev, where))
@@ -1245,7 +1307,8 @@ def _resource_slice_causes(obj: JSON, ctx: _Context) -> list[JSON]:
             invalid_value("spec", "", "only one of `sharedCounters` or `devices` is allowed")
         )
     limit = MAX_DEVICES_PER_SLICE
-    if any(_dict(d).get("taints") or _dict(d).get("consumesCounters") for d in devices):
+    advanced = any(_dict(d).get("taints") or _dict(d).get("consumesCounters") for d in devices)
+    if advanced and _release() >= 35:  # the lower limit exists from 1.35 on
         limit = MAX_DEVICES_WITH_TAINTS_OR_COUNTERS
     if len(devices) > limit:
         out.append(too_many("spec.devices", len(devices), limit))
@@ -1260,7 +1323,7 @@ def _resource_slice_causes(obj: JSON, ctx: _Context) -> list[JSON]:
                 return out
         for i, dev in enumerate(devices):
             if _dict(dev).get("name") in seen:
-                out.append(duplicate(f"spec.devices[{i}]", _dict(dev).get("name")))
+                out.append(set_duplicate(f"spec.devices[{i}]", "name", _dict(dev).get("name")))
             seen.add(_dict(dev).get("name"))
     counter_sets = _list(spec.get("sharedCounters"))
     if len(counter_sets) > MAX_COUNTER_SETS:
@@ -1274,7 +1337,7 @@ def _resource_slice_causes(obj: JSON, ctx: _Context) -> list[JSON]:
     for i, cs in enumerate(counter_sets):
         name = _dict(cs).get("name")
         if name in names:
-            out.append(duplicate(f"spec.sharedCounters[{i}]", name))
+            out.append(set_duplicate(f"spec.sharedCounters[{i}]", "name", name))
         names.add(name)
     return out
 
@@ -1356,8 +1419,11 @@ def _subdomain_causes(value: str, field: str) -> list[JSON]:
 
 
 def _driver_name_causes(value: Any, field: str) -> list[JSON]:
-    """Upstream's ``ValidateCSIDriverName``, which DRA driver names reuse."""
+    """Upstream's ``ValidateCSIDriverName``, which DRA driver names reuse (1.34: an
+    empty name is also an invalid subdomain)."""
     if not value:
+        if _release() <= 34 and value in ("", None):
+            return [required(field), invalid_value(field, "", _SUBDOMAIN_MSG)]
         return [required(field)]
     if not isinstance(value, str):
         return []
@@ -1480,7 +1546,7 @@ def _request_causes(req: JSON, where: str) -> list[JSON]:
             )
             out.extend(_exact_causes(sub, here))
             if sub_name in seen:
-                out.append(duplicate(here, sub_name))
+                out.append(set_duplicate(here, "name", sub_name))
             seen.add(sub_name)
     else:
         out.extend(_exact_causes(_dict(exactly), f"{where}.exactly"))
@@ -1532,6 +1598,11 @@ def _qualified_name_causes(value: Any, field: str) -> list[JSON]:
     """Upstream's ``validateFullyQualifiedName``: ``<domain>/<C identifier>``."""
     if not isinstance(value, str):
         return []
+    if _release() <= 34:  # validateQualifiedName, then "must include a domain"
+        named = _attribute_name_causes(value, field)
+        if value and "/" not in value:
+            named.append(invalid_value(field, value, "must include a domain"))
+        return named
     parts = value.split("/")
     out: list[JSON] = []
     if len(parts) > 2:  # upstream's validateQualifiedName leaves these unchecked
@@ -1640,7 +1711,7 @@ def device_claim_causes(devices: Any, where: str, consumable: bool = True) -> li
         out.extend(_request_causes(_dict(req), here))
         name = _dict(req).get("name")
         if name in seen:
-            out.append(duplicate(here, name))
+            out.append(set_duplicate(here, "name", name))
         seen.add(name)
     names = _request_names(devices)
     out.extend(
@@ -1701,22 +1772,27 @@ def _shared_device_id(d: JSON) -> str:
 
 
 def _condition_causes(conditions: list[Any], where: str) -> list[JSON]:
+    """metav1 ``ValidateConditions``. Before 1.37 a duplicate is reported at its ``type``,
+    and an empty type or status is checked as any other value (label name; one of the
+    statuses)."""
+    old = _release() <= 36
     out: list[JSON] = []
     seen: set[str] = set()
     for i, c in enumerate(conditions):
         c, at = _dict(c), f"{where}[{i}]"
         ctype = str(c.get("type") or "")
         if ctype in seen:
-            out.append(duplicate(at, ctype))
+            out.append(duplicate(f"{at}.type" if old else at, ctype))
         seen.add(ctype)
-        if not ctype:
+        if not ctype and not old:
             out.append(required(f"{at}.type", "is required"))
         else:
             out.extend(label_name_causes(ctype, f"{at}.type"))
-        if not c.get("status"):
+        if not c.get("status") and not old:
             out.append(required(f"{at}.status"))
         elif c.get("status") not in ("False", "True", "Unknown"):
-            out.append(unsupported(f"{at}.status", c.get("status"), ("False", "True", "Unknown")))
+            status = c.get("status") or ""
+            out.append(unsupported(f"{at}.status", status, ("False", "True", "Unknown")))
         gen = c.get("observedGeneration")
         if isinstance(gen, int) and gen < 0:
             out.append(
@@ -1790,7 +1866,7 @@ def device_status_causes(status: JSON, where: str = "status.devices") -> list[JS
         out.extend(dns_label_causes(str(d.get("device") or ""), f"{at}.device"))
         ident = _shared_device_id(d)
         if ident in seen:
-            out.append(duplicate(at, ident))
+            out.append(set_duplicate(at, "deviceID", ident))
         seen.add(ident)
         if ident not in allocated:
             out.append(invalid_value(at, ident, "must be an allocated device in the claim"))
@@ -1826,7 +1902,7 @@ def _reserved_for_causes(status: JSON, old_status: JSON, deleted: bool) -> list[
             if not ref.get(key):
                 out.append(required(f"{where}[{i}].{key}"))
         if ref.get("uid") in seen:
-            out.append(duplicate(f"{where}[{i}]", ref.get("uid")))
+            out.append(set_duplicate(f"{where}[{i}]", "uid", ref.get("uid")))
         seen.add(ref.get("uid"))
     if items and not status.get("allocation"):
         out.append(forbidden(where, "may not be specified when `allocated` is not set"))
@@ -1911,6 +1987,16 @@ def _claim_template_causes(obj: JSON, ctx: _Context) -> list[JSON]:
 
 
 def _device_class_causes(obj: JSON, ctx: _Context) -> list[JSON]:
+    """Upstream's ``validateDeviceClassSpec``: selectors and config checked where new or
+    changed. 1.34's update validates the class as new too (``ValidateDeviceClass``, then
+    ``ValidateDeviceClassUpdate``), so each cause of a changed part comes twice."""
+    if ctx.old is not None and _release() <= 34:
+        again = _device_class_causes(obj, _Context(ctx.profile, None, ctx.namespace))
+        return again + _device_class_spec_causes(obj, ctx)
+    return _device_class_spec_causes(obj, ctx)
+
+
+def _device_class_spec_causes(obj: JSON, ctx: _Context) -> list[JSON]:
     spec = _dict(obj.get("spec"))
     old_spec = _dict(_dict(ctx.old).get("spec")) if ctx.old is not None else None
     out: list[JSON] = []
@@ -2241,6 +2327,33 @@ def object_causes(
     server's ``ValidateUpdate``); ``namespace`` the object's Namespace, when it has one
     (admin access to devices depends on its labels).
     """
+    with release_rules(profile):
+        return _object_causes(rt, obj, profile, old, namespace)
+
+
+#: How often an update's metadata causes come before 1.37 (labels and annotations, then
+#: an immutable field such as the uid): the generic update checks and the kind's own
+#: ``ValidateUpdate`` each validate the metadata again (1.37's declarative validation
+#: reports each once). The count of the other kinds is 4 and 2.
+_UPDATE_META_REPEATS: dict[tuple[str, str], tuple[int, int]] = {
+    ("", "Event"): (2, 1),
+    ("events.k8s.io", "Event"): (3, 2),
+    ("coordination.k8s.io", "Lease"): (3, 2),
+    ("apps", "Deployment"): (3, 2),
+    ("apps", "ReplicaSet"): (3, 2),
+    ("policy", "PodDisruptionBudget"): (2, 1),
+    ("resource.k8s.io", "ResourceSlice"): (3, 2),
+    ("resource.k8s.io", "DeviceTaintRule"): (3, 2),
+}
+
+
+def _object_causes(
+    rt: ResourceType,
+    obj: JSON,
+    profile: KubeProfile | None,
+    old: JSON | None,
+    namespace: JSON | None,
+) -> list[JSON]:
     schema = schema_causes(obj, rt.model)
     if any(c["reason"] == "FieldValueTypeInvalid" for c in schema):
         return schema[:MAX_CAUSES]
@@ -2249,12 +2362,20 @@ def object_causes(
     name = meta.get("name")
     if isinstance(name, str):
         out.extend(name_causes(rt.kind, name))
-    out.extend(_label_causes(meta))
+    labels, immutable_meta = _label_causes(meta), []
     if old is not None:
-        out.extend(metadata_update_causes(meta, _dict(old.get("metadata"))))
+        immutable_meta = metadata_update_causes(meta, _dict(old.get("metadata")))
+        if _release() <= 36:
+            n_labels, n_immutable = _UPDATE_META_REPEATS.get((rt.group, rt.kind), (4, 2))
+            labels, immutable_meta = labels * n_labels, immutable_meta * n_immutable
+    out.extend(labels)
+    out.extend(immutable_meta)
     rule = _KIND_RULES.get((rt.group, rt.kind))
     if rule is not None:
-        out.extend(rule(obj, profile))
+        causes = rule(obj, profile)
+        if (rt.group, rt.kind) == ("", "Node") and old is not None and _release() <= 36:
+            causes = causes * 2  # ValidateNode and ValidateNodeUpdate check the taints
+        out.extend(causes)
     context_rule = _CONTEXT_RULES.get((rt.group, rt.kind))
     if context_rule is not None:
         out.extend(context_rule(obj, _Context(profile, old, namespace)))

@@ -86,6 +86,12 @@ FEATURE_GATES: dict[str, tuple[GateStage, ...]] = {
         GateStage("1.37", "GA", True),
         GateStage("1.38", "GA", True, locked=True),
     ),
+    # Partitionable devices: ResourceSlice sharedCounters, devices[].consumesCounters and
+    # per-device node selection (dropped on write while off).
+    "DRAPartitionableDevices": (
+        GateStage("1.33", "Alpha", False),
+        GateStage("1.36", "Beta", True),
+    ),
     # Devices shared by several claims (allowMultipleAllocations), capacity requests,
     # and the distinctAttribute constraint.
     "DRAConsumableCapacity": (
