@@ -154,6 +154,7 @@ _WRITER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # 20 child processes (about 8 s); CI's slow step runs it every time
 def test_sigkill_during_writes_never_leaves_a_torn_file(tmp_path: Path) -> None:
     rounds = 20
     rng = random.Random(4680)
