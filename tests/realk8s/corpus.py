@@ -684,6 +684,19 @@ def _allocation(**result: Any) -> JSON:
     }
 
 
+def _pod_event(name: str, pod: str, reason: str, type_: str, **extra: Any) -> dict[str, Any]:
+    """A core/v1 Event named ``name`` about pod ``pod`` of the corpus namespace."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": name},
+        "involvedObject": {"kind": "Pod", "name": pod, "namespace": NS},
+        "reason": reason,
+        "type": type_,
+        **extra,
+    }
+
+
 def _req(id: str, source: str, method: str, path: str, body: Any = None, **kw: Any) -> Req:
     return Req(id=id, source=source, method=method, path=path, body=body, **kw)
 
@@ -1087,14 +1100,7 @@ def component_cases() -> list[Case]:
             src,
             "POST",
             _ns("events"),
-            {
-                "apiVersion": "v1",
-                "kind": "Event",
-                "metadata": {"name": "bad-type"},
-                "involvedObject": {"kind": "Pod", "name": "x", "namespace": NS},
-                "reason": "R",
-                "type": "Sideways",
-            },
+            _pod_event("bad-type", "x", "R", "Sideways"),
         ),
         _req(
             "event v1 create",
@@ -3351,16 +3357,9 @@ def metadata_update_cases() -> list[Case]:
         (
             "Event",
             _ns("events"),
-            {
-                "apiVersion": "v1",
-                "kind": "Event",
-                "metadata": {"name": "meta"},
-                "involvedObject": {"kind": "Pod", "name": "meta", "namespace": NS},
-                "reason": "Probe",
-                "message": "m",
-                "type": "Normal",
-                "source": {"component": "drahealth"},
-            },
+            _pod_event(
+                "meta", "meta", "Probe", "Normal", message="m", source={"component": "drahealth"}
+            ),
             False,
         ),
         (
