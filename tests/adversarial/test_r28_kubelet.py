@@ -82,13 +82,6 @@ async def _replaced_pod(client: AsyncClient) -> str:
     return str(created.metadata.uid if created.metadata else "")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the embedded API server applies a status patch whose metadata.uid names another "
-    "pod (kube-apiserver 1.37.2 answers 422: metadata.uid is immutable); fix in "
-    "controlplane: a patch (and update) whose metadata.uid differs from the stored object's "
-    "is refused as Invalid, field metadata.uid",
-)
 async def test_a_status_patch_for_a_replaced_pod_is_refused_by_the_server(
     client: AsyncClient,
 ) -> None:

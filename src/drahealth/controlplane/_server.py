@@ -220,6 +220,47 @@ BODY_READ_TIMEOUT_S = 60.0
 FUTURE_RV_WAIT_S = 3.0
 
 
+_U64_MAX = (1 << 64) - 1
+_GO_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r",
+               "\t": "\\t", "\v": "\\v", '"': '\\"', "\\": "\\\\"}  # fmt: skip
+
+
+def _go_quote(text: str) -> str:
+    """Go's strconv.Quote (and %q): printable runes as they are, the rest escaped."""
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch in _GO_ESCAPES:
+            out.append(_GO_ESCAPES[ch])
+        elif ch.isprintable() and not 0xD800 <= code <= 0xDFFF:
+            out.append(ch)
+        elif code < 0x80:
+            out.append(f"\\x{code:02x}")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    return '"' + "".join(out) + '"'
+
+
+def _parse_rv(raw: str) -> int:
+    """upstream's APIObjectVersioner.ParseResourceVersion: "" and "0" are 0, anything else
+    must be strconv.ParseUint(raw, 10, 64) (ASCII digits only, no sign, space or '_', at
+    most 2**64 - 1). Raises ValueError carrying upstream's error text."""
+    if raw in ("", "0"):
+        return 0
+    if not raw.isascii() or not raw.isdigit():
+        problem = "invalid syntax"
+    elif int(raw) > _U64_MAX:
+        problem = "value out of range"
+    else:
+        return int(raw)
+    raise ValueError(
+        f"resourceVersion: Invalid value: {_go_quote(raw)}: "
+        f"strconv.ParseUint: parsing {_go_quote(raw)}: {problem}"
+    )
+
+
 def _too_large(message: str) -> APIError:
     return APIError(_status.status(413, message, "RequestEntityTooLarge"))
 
@@ -574,9 +615,9 @@ class APIServer:
         """A LIST at a resourceVersion newer than ours: 504 with Retry-After: 1 unless the
         store reaches it within 3 s."""
         try:
-            requested = int(raw) if raw else 0
-        except ValueError:
-            return
+            requested = _parse_rv(raw or "")
+        except ValueError as e:  # storage.ValidateListOptions
+            raise APIError(_status.status(400, f"invalid resource version: {e}")) from e
         if not await self._reached(requested):
             raise web.HTTPGatewayTimeout(
                 text=_encode(self._too_large_rv(requested)).decode(),
@@ -1001,16 +1042,15 @@ class APIServer:
         q = request.query
         rv = q.get("resourceVersion", "")
         send_initial = _truthy(q.get("sendInitialEvents"))
-        since: int | None = None
-        if rv not in ("", "0") and not send_initial:
-            try:
-                since = int(rv)
-            except ValueError as e:
-                raise APIError(
-                    _status.status(
-                        400, f"resourceVersion: Invalid value: {rv!r}: must be an integer"
-                    )
-                ) from e
+        try:
+            parsed = _parse_rv(rv)
+        except ValueError as e:
+            # The cacher's Watch returns the storage error unconverted, so the handler
+            # answers it as an unknown error: 500 and no reason.
+            body = _status.status(500, str(e))
+            del body["reason"]
+            raise APIError(body) from e
+        since = parsed if parsed and not send_initial else None
         timeout = watch_timeout(q.get("timeoutSeconds"))
         bookmarks = _truthy(q.get("allowWatchBookmarks"))
         as_table = wants_table(request.headers.get("Accept", ""))
@@ -1025,7 +1065,7 @@ class APIServer:
         resp = web.StreamResponse(status=200)
         resp.content_type = "application/json"
         resp.enable_chunked_encoding()
-        future = int(rv) if send_initial and rv.isdigit() else 0
+        future = parsed if send_initial else 0
         if future and not await self._reached(future):  # a watch-list from the future
             await resp.prepare(request)
             await resp.write(

@@ -484,6 +484,9 @@ def prepare_update(
         else:
             out.pop("status", None)
         out["metadata"]["resourceVersion"] = (new.get("metadata") or {}).get("resourceVersion")
+        sent_uid = (new.get("metadata") or {}).get("uid")
+        if sent_uid:  # the uid is checked on a status write too: a changed one is refused
+            out["metadata"]["uid"] = sent_uid
         if "managedFields" in (new.get("metadata") or {}):
             out["metadata"]["managedFields"] = new["metadata"]["managedFields"]
         drop_disabled_fields(rt, out, old, profile)
