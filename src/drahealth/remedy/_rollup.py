@@ -220,7 +220,8 @@ class NodeRollupWriter:
         (opted out of automatic action) the node taint is neither added nor removed."""
         thawed = self._frozen - set(frozen)
         self._frozen = set(frozen)
-        self.core.mark(thawed & (self._tainted.keys() | set(self.core.nodes())))
+        if thawed:  # (not every pass: listing the nodes sorts all of them)
+            self.core.mark(thawed & (self._tainted.keys() | set(self.core.nodes())))
         dirty = self.core.take_dirty()
         if not self.policy.enabled:
             return False
