@@ -173,7 +173,9 @@ async def remove_taints(
     effect: str | None = None,
     served: ServedAPIs | None = None,
 ) -> list[str]:
-    """Delete drahealth's rules tainting ``device`` with ``key`` (and ``effect``)."""
+    """Delete drahealth's rules tainting ``device`` with ``key`` (and ``effect``); the
+    names deleted. A rule gone between the list and its delete (the controller removes its
+    own rules of a device put on hold) is not one of them, and is no error."""
     cls, _ = await _rule_class(client, served)
     deleted: list[str] = []
     async for rule in client.list(cls):
@@ -187,6 +189,11 @@ async def remove_taints(
         ):
             continue
         assert rule.metadata is not None and rule.metadata.name
-        await client.delete(cls, rule.metadata.name)
+        try:
+            await client.delete(cls, rule.metadata.name)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                continue  # already gone: what was asked is done
+            raise
         deleted.append(rule.metadata.name)
     return deleted
