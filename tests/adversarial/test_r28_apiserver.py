@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
-from typing import Any
 
 import aiohttp
 import pytest
@@ -24,19 +22,6 @@ from drahealth.controlplane import APIServer
 pytestmark = pytest.mark.timeout(30)
 
 CMS = "/api/v1/namespaces/default/configmaps"
-
-
-@pytest.fixture
-def api_server_options() -> dict[str, Any]:
-    return {"data_file": None, "watch_window": 1000}
-
-
-@pytest.fixture
-async def http(server: APIServer) -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(
-        base_url=server.url, headers={"Authorization": "Bearer t"}
-    ) as session:
-        yield session
 
 
 async def _rv(http: aiohttp.ClientSession) -> int:

@@ -16,31 +16,15 @@ ConfigMap key rule of ``IsConfigMapKey`` answers as upstream's (message and fiel
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
 
-from drahealth.controlplane import APIServer
-
 pytestmark = pytest.mark.timeout(30)
 
 NS = "/api/v1/namespaces/default"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
-
-
-@pytest.fixture
-def api_server_options() -> dict[str, Any]:
-    return {"data_file": None, "watch_window": 1000}
-
-
-@pytest.fixture
-async def http(server: APIServer) -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(
-        base_url=server.url, headers={"Authorization": "Bearer t"}
-    ) as session:
-        yield session
 
 
 async def _post(http: aiohttp.ClientSession, path: str, body: Any) -> tuple[int, Any]:
