@@ -22,15 +22,12 @@ KEY = "ops.example.com/maint"
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[AsyncClient]:
-    server = APIServer()
-    await server.start(port=0)
+async def client(server: APIServer) -> AsyncIterator[AsyncClient]:
     c = make_client(server_url=server.url)
     try:
         yield c
     finally:
         await c.close()
-        await server.stop()
 
 
 class _Racing:
