@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import httpx2
 import pytest
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import ConfigMap, Event, Pod
+from lightkube.resources.core_v1 import Event, Pod
 from lightkube.resources.resource_v1 import DeviceTaintRule
 
 import drahealth.kube._reflector as reflector_module
@@ -30,6 +29,7 @@ from drahealth.remedy._controller import HISTORY_CONFIGMAP, RemediationControlle
 from tests._support import eventually
 from tests.integration.kube.conftest import api_server_options, client
 from tests.integration.remedy.test_controller import make_pod, policy, rules, set_health
+from tests.integration.remedy.test_ownership import history
 
 __all__ = ["api_server_options", "client"]
 
@@ -54,15 +54,6 @@ async def running(client: AsyncClient, p: Policy) -> AsyncIterator[RemediationCo
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-
-
-async def _history(client: AsyncClient) -> list[dict[str, Any]]:
-    try:
-        cm = await client.get(ConfigMap, HISTORY_CONFIGMAP, namespace="default")
-    except Exception:
-        return []
-    rows: list[dict[str, Any]] = json.loads((cm.data or {}).get("history", "[]"))
-    return rows
 
 
 async def _events(client: AsyncClient, reason: str) -> list[Event]:
@@ -125,7 +116,7 @@ async def test_an_eviction_whose_answer_was_lost_is_recorded_once(
 
         async def evicted_rows() -> list[dict[str, Any]]:
             return [
-                r for r in await _history(client)
+                r for r in await history(client)
                 if r["action"] == "evict-evicted" and r["subject"] == "default/batch"
             ]  # fmt: skip
 
@@ -191,7 +182,7 @@ async def test_a_rule_created_whose_answer_was_lost_is_in_the_audit_trail(
 
         async def created_rows() -> list[dict[str, Any]]:
             return [
-                r for r in await _history(client)
+                r for r in await history(client)
                 if r["action"] == "create" and r["subject"] == "gpu.example.com/node-1/gpu-1"
             ]  # fmt: skip
 
