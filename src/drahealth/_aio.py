@@ -44,11 +44,23 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any] | None]) -> None:
     """Cancel ``tasks`` (None entries are skipped) and wait until each has ended.
 
     A task that ends with an exception other than cancellation has it swallowed: the
-    caller is shutting down and the task has logged what it had to say.
+    caller is shutting down and the task has logged what it had to say. A cancellation
+    of the caller itself that arrives during the wait is not swallowed: the wait for
+    the tasks still completes (the clean-up is not cut short), then the caller's
+    CancelledError is raised.
     """
     pending = [t for t in tasks if t is not None]
     for task in pending:
         task.cancel()
+    interrupted: asyncio.CancelledError | None = None
+    while not all(task.done() for task in pending):
+        try:
+            # wait, unlike await, does not pass a cancellation of the caller on to them
+            await asyncio.wait(pending)
+        except asyncio.CancelledError as exc:
+            interrupted = exc
     for task in pending:
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+        if not task.cancelled():
+            task.exception()  # retrieved: the task has logged what it had to say
+    if interrupted is not None:
+        raise interrupted

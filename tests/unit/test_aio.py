@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from drahealth._aio import on_stop_signals, wait_for_stop_signal
+from drahealth._aio import cancel_and_wait, on_stop_signals, wait_for_stop_signal
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -29,3 +29,63 @@ async def test_on_stop_signals_calls_back_and_removes_handlers() -> None:
         await asyncio.wait_for(got.wait(), 5)
     assert calls == ["stop"]
     assert not loop.remove_signal_handler(signal.SIGUSR1)  # already removed on exit
+
+
+async def test_cancel_and_wait_swallows_the_tasks_own_endings() -> None:
+    async def fails() -> None:
+        raise ValueError("logged elsewhere")
+
+    failing = asyncio.create_task(fails())
+    sleeping = asyncio.create_task(asyncio.sleep(60))
+    await asyncio.sleep(0)
+    await cancel_and_wait([failing, None, sleeping])
+    assert sleeping.cancelled()
+    assert failing.done()
+
+
+async def test_cancel_and_wait_keeps_a_cancellation_of_the_caller() -> None:
+    """The caller cancelled while it waits for a slow clean-up: the clean-up still
+    completes, then the caller's cancellation is raised, not swallowed."""
+    cleaned = asyncio.Event()
+
+    async def slow_cleanup() -> None:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            await asyncio.sleep(0.2)
+            cleaned.set()
+
+    worker = asyncio.create_task(slow_cleanup())
+    await asyncio.sleep(0)
+
+    async def stopper() -> str:
+        await cancel_and_wait([worker])
+        await asyncio.sleep(0.5)
+        return "went on after a cancellation"
+
+    caller = asyncio.create_task(stopper())
+    await asyncio.sleep(0.05)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert cleaned.is_set()
+    assert worker.done()
+
+
+async def test_timeout_keeps_a_cancellation_that_meets_a_result() -> None:
+    """Why src/ never uses asyncio.wait_for: on 3.11 it drops a cancellation that
+    arrives in the step its awaitable finishes; asyncio.timeout keeps it."""
+    fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def waits() -> int:
+        async with asyncio.timeout(10):
+            value = await fut
+        await asyncio.sleep(0)
+        return value
+
+    task = asyncio.create_task(waits())
+    await asyncio.sleep(0)
+    fut.set_result(1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

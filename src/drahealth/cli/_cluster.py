@@ -186,7 +186,8 @@ class LocalCluster:
                 proc.terminate()
         for proc in procs:
             try:
-                await asyncio.wait_for(proc.wait(), 10)
+                async with asyncio.timeout(10):
+                    await proc.wait()
             except TimeoutError:
                 proc.kill()
                 await proc.wait()

@@ -1120,7 +1120,8 @@ class APIServer:
                     break
                 wait = min(self.bookmark_interval, left) if bookmarks else left
                 try:
-                    item = await asyncio.wait_for(watcher.take(), wait)
+                    async with asyncio.timeout(wait):
+                        item = await watcher.take()
                 except TimeoutError:
                     if (
                         bookmarks

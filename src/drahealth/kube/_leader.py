@@ -199,7 +199,7 @@ class LeaderElector:
             await asyncio.shield(cancel_and_wait(tasks))  # the work stops before the lease is freed
             if self.leader == self.identity:
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(asyncio.wait_for(self._release(), self.renew_deadline))
+                    await asyncio.shield(self._release_within(self.renew_deadline))
 
     async def _guarded(self, lead: Callable[[], Awaitable[None]]) -> None:
         try:
@@ -237,7 +237,8 @@ class LeaderElector:
             await self._renew(since, client)
         finally:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.close(), self.retry_period)
+                async with asyncio.timeout(self.retry_period):
+                    await client.close()
 
     async def _renew(self, last_ok: float, client: AsyncClient) -> None:
         """Renew every retry period; return (stepping down) once the deadline is missed."""
@@ -248,7 +249,8 @@ class LeaderElector:
             ok = False
             if left > 0:
                 try:
-                    ok = await asyncio.wait_for(self._attempt(client), left)
+                    async with asyncio.timeout(left):
+                        ok = await self._attempt(client)
                 except TimeoutError:
                     log.warning("renewing lease %s timed out", self._ref())
             if ok:
@@ -373,8 +375,16 @@ class LeaderElector:
         except ApiError as exc:
             log.warning("releasing lease %s failed: %s", self._ref(), exc.status.message)
 
+    async def _release_within(self, seconds: float) -> None:
+        async with asyncio.timeout(seconds):
+            await self._release()
+
     def _ref(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+#: Seconds between repeated cancellations of work on its own thread.
+_CANCEL_REPEAT = 0.5
 
 
 async def _on_own_thread(work: Callable[[float], Awaitable[None]], arg: float, name: str) -> None:
@@ -422,8 +432,11 @@ async def _on_own_thread(work: Callable[[float], Awaitable[None]], arg: float, n
     except asyncio.CancelledError:
         await asyncio.to_thread(ready.wait)
         other, task = inner.get("loop"), inner.get("task")
-        if other is not None and task is not None:
-            with contextlib.suppress(RuntimeError):  # already finished and closed
-                other.call_soon_threadsafe(task.cancel)
-        await asyncio.to_thread(thread.join)
+        while thread.is_alive():
+            if other is not None and task is not None:
+                with contextlib.suppress(RuntimeError):  # already finished and closed
+                    other.call_soon_threadsafe(task.cancel)
+            # asked again until the thread ends: one request can be lost where the work
+            # swallows a cancellation that met a result in the same step
+            await asyncio.to_thread(thread.join, _CANCEL_REPEAT)
         raise

@@ -326,9 +326,8 @@ class PodDeviceHealth:
             return held[1]
         self.claim_reads += 1
         try:
-            obj = await asyncio.wait_for(
-                self.client.get(ResourceClaim, claim, namespace=namespace), CALL_TIMEOUT
-            )
+            async with asyncio.timeout(CALL_TIMEOUT):
+                obj = await self.client.get(ResourceClaim, claim, namespace=namespace)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -357,13 +356,11 @@ class PodDeviceHealth:
     async def _write(self, namespace: str, name: str, uid: str, condition: dict[str, Any]) -> None:
         body = {"status": {"conditions": [condition]}}
         try:
-            await asyncio.wait_for(
-                patch_status(
+            async with asyncio.timeout(CALL_TIMEOUT):
+                await patch_status(
                     self.client, Pod, name, body, namespace=namespace,
                     patch_type=PatchType.STRATEGIC,
-                ),
-                CALL_TIMEOUT,
-            )  # fmt: skip
+                )  # fmt: skip
         except asyncio.CancelledError:
             raise
         except Exception as exc:

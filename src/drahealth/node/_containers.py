@@ -148,7 +148,8 @@ class Container:
             await asyncio.sleep(seconds)
             return 0
         try:
-            await asyncio.wait_for(self._term.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self._term.wait()
         except TimeoutError:
             return 0
         return 143

@@ -199,9 +199,8 @@ class ObserverMode:
             return
         for ref in sorted(users - self.uids.keys()):
             try:
-                obj = await asyncio.wait_for(
-                    self.client.get(Pod, ref.name, namespace=ref.namespace), CALL_TIMEOUT
-                )
+                async with asyncio.timeout(CALL_TIMEOUT):
+                    obj = await self.client.get(Pod, ref.name, namespace=ref.namespace)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # retried at the next List

@@ -233,7 +233,8 @@ class PodRun:
                     c.run.terminate()
             sidecars = asyncio.gather(*self._tasks, return_exceptions=True)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(sidecars, self.grace)
+                async with asyncio.timeout(self.grace):
+                    await sidecars
             self._finish()
         finally:
             self.done.set()
@@ -273,7 +274,8 @@ class PodRun:
             c.restarts += 1
             self.on_change()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._stopping.wait()
             delay = min(delay * 2, self.backoff[1])
 
     async def _run_once(self, c: _CState) -> int:
@@ -316,7 +318,8 @@ class PodRun:
             if c.run is not None:
                 c.run.terminate()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self.done.wait()), max(grace, 0.0))
+            async with asyncio.timeout(max(grace, 0.0)):
+                await self.done.wait()
         await self.kill()
 
     async def kill(self) -> None:
