@@ -47,11 +47,15 @@ KUBECTL = shutil.which("kubectl", path=str(Path(sys.executable).parent))
 
 
 @asynccontextmanager
-async def kubelet(sockdir: str) -> AsyncIterator[tuple[APIServer, AsyncClient, NodeAgent]]:
+async def kubelet(
+    sockdir: str, hub: HealthHub | None = None
+) -> AsyncIterator[tuple[APIServer, AsyncClient, NodeAgent]]:
+    """The agent in kubelet mode with the sample driver; ``hub`` feeds the driver's
+    health (a fresh one, all healthy, by default)."""
     server = APIServer(profile=kube_profile("1.37"))
     await server.start(host="127.0.0.1", port=0)
     client = make_client(server_url=server.url)
-    hub = HealthHub(DEVICES, default_timeout_seconds=30)
+    hub = hub or HealthHub(DEVICES, default_timeout_seconds=30)
     hub.submit("sim", [DeviceReport(p, d, Health.HEALTHY) for p, d in DEVICES])
     cdi = f"{sockdir}/cdi"
     options = PluginOptions(

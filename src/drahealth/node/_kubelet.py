@@ -50,6 +50,7 @@ from lightkube.types import PatchType
 
 from drahealth._aio import cancel_and_wait
 from drahealth.core import (
+    CLAIM_PREFIX,
     ClaimInfo,
     HealthChange,
     PreparedDeviceInfo,
@@ -532,6 +533,7 @@ class KubeletMode:
             ]  # fmt: skip
             if others:
                 own["conditions"] = [*(own.get("conditions") or []), *others]
+            _keep_other_entries(own, status)
             desired = {**status, **own}
         draft = {**pod, "status": desired}
         desired.update(self.builder.apply(draft, self.tracker.lookup, self.pipeline.cache.get))
@@ -551,6 +553,34 @@ class KubeletMode:
         while True:
             await asyncio.sleep(self.resync_interval)
             self._mark_all()
+
+
+def _keep_other_entries(own: JSON, status: Mapping[str, Any]) -> None:
+    """Carry the ``allocatedResourcesStatus`` entries this agent does not compute (a
+    device plugin's, named by its extended resource) from the pod's current status into
+    ``own``'s container statuses, in front, as the kubelet keeps its device manager's
+    entries beside the DRA manager's; the status builder then recomputes only the
+    ``claim:`` entries."""
+    for key in ("containerStatuses", "initContainerStatuses"):
+        current = status.get(key)
+        if not isinstance(current, list) or not isinstance(own.get(key), list):
+            continue
+        theirs: dict[str, list[Any]] = {}
+        for cs in current:
+            if not isinstance(cs, Mapping) or not isinstance(cs.get("name"), str):
+                continue
+            entries = cs.get("allocatedResourcesStatus")
+            kept = [
+                e for e in entries if isinstance(e, Mapping) and isinstance(e.get("name"), str)
+                and not e["name"].startswith(CLAIM_PREFIX)
+            ] if isinstance(entries, list) else []  # fmt: skip
+            if kept:
+                theirs.setdefault(cs["name"], kept)
+        for cs in own[key]:
+            kept = theirs.get(cs.get("name")) if isinstance(cs, dict) else None
+            if kept:
+                mine = cs.get("allocatedResourcesStatus") or []
+                cs["allocatedResourcesStatus"] = [*kept, *mine]
 
 
 def _uid_precondition(pod: Mapping[str, Any]) -> JSON:
