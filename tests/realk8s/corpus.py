@@ -1185,6 +1185,19 @@ def component_cases() -> list[Case]:
             ),
         ),
         _req("pod create", src, "POST", _ns("pods"), claim_pod),
+        # a container may name one request of a claim, never a subrequest ("req/sub"):
+        # the request must be a DNS label on every release
+        _req(
+            "pod create claim subrequest",
+            src,
+            "POST",
+            _ns("pods"),
+            deep(
+                claim_pod,
+                metadata__name="subrequest",
+                spec__containers__0__resources__claims=[{"name": "gpu", "request": "gpu/sub"}],
+            ),
+        ),
         _req("pod get", src, "GET", _ns("pods/worker")),
         _req(
             "pod status condition",

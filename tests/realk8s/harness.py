@@ -59,6 +59,10 @@ DEFAULT_VERSION = "1.37"
 COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 #: Built beside them: the client operators compare drahealth's views with.
 CLIENTS = ("kubectl",)
+#: The node's programs: the real kubelet and an in-memory CRI runtime for it
+#: (``tests/realk8s/go/fakecri``), so pods run with no container runtime.
+NODE = ("kubelet", "fakecri")
+GO_TREE = Path(__file__).resolve().parent / "go"
 #: Gates, runtime-config per minor when the device-taint gates are asked for ("taints").
 #: DeviceTaintRule is resource.k8s.io/v1alpha3 on 1.34/1.35, v1beta2 on 1.36, v1 on 1.37;
 #: the allocatedResourcesStatus field is kept only with ResourceHealthStatus on.
@@ -75,11 +79,15 @@ TAINT_GATES: dict[str, tuple[dict[str, bool], list[str]]] = {
     "1.37": ({}, []),
 }
 GATE_MODES = ("default", "taints")
+#: The name the real kubelet registers its Node under (see tests/realk8s/node.py).
+KUBELET_NODE = "realk8s-node"
 #: Static tokens: (token, user, uid, groups). The admin is what tests and the CLI use.
 TOKENS = (
     ("drahealth-admin", "drahealth-admin", "1", "system:masters"),
     ("kube-controller-manager", "system:kube-controller-manager", "2", ""),
     ("kube-scheduler", "system:kube-scheduler", "3", ""),
+    # the real kubelet's: the Node authorizer knows a node by this name and group
+    ("drahealth-kubelet", f"system:node:{KUBELET_NODE}", "4", "system:nodes"),
 )
 BUILD_TIMEOUT_S = 90 * 60
 START_TIMEOUT_S = 120.0
@@ -208,9 +216,11 @@ TOOLS_GO = """//go:build tools
 package tools
 
 import (
+\t_ "k8s.io/cri-client/pkg/fake"
 \t_ "k8s.io/kubernetes/cmd/kube-apiserver"
 \t_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 \t_ "k8s.io/kubernetes/cmd/kube-scheduler"
+\t_ "k8s.io/kubernetes/cmd/kubelet"
 )
 """
 
@@ -231,7 +241,7 @@ def build(version: str, *, say: Any = print) -> Path:
     """Build ``version``'s control plane, kubectl and etcd into :func:`bin_dir`; return
     it. Only what is missing is built (a cache from before kubectl was added gains it)."""
     bins = bin_dir(version)
-    if built(version) and all((bins / c).is_file() for c in CLIENTS):
+    if built(version) and all((bins / c).is_file() for c in (*CLIENTS, *NODE)):
         say(f"{version}: already built in {bins}")
         return bins
     if shutil.which("go") is None:
@@ -243,6 +253,8 @@ def build(version: str, *, say: Any = print) -> Path:
     (src / "go.mod").write_text(consumer_gomod(version, tag))
     (src / "tools.go").write_text(TOOLS_GO)
     (src / "cmd" / "etcd" / "main.go").write_text(ETCD_MAIN)
+    (src / "cmd" / "fakecri").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(GO_TREE / "fakecri" / "main.go", src / "cmd" / "fakecri" / "main.go")
     env = {"GOFLAGS": "-mod=mod", "CGO_ENABLED": "0", "GOTOOLCHAIN": "local"}
     say(f"{version}: resolving modules in {src}")
     _run(["go", "mod", "tidy"], cwd=src, env=env, timeout=1800,
@@ -255,8 +267,8 @@ def build(version: str, *, say: Any = print) -> Path:
     )  # fmt: skip
     bins.mkdir(parents=True, exist_ok=True)
     (bins / "BUILT").unlink(missing_ok=True)
-    targets = [(f"k8s.io/kubernetes/cmd/{c}", c) for c in (*COMPONENTS, *CLIENTS)]
-    for target, name in [*targets, ("./cmd/etcd", "etcd")]:
+    targets = [(f"k8s.io/kubernetes/cmd/{c}", c) for c in (*COMPONENTS, *CLIENTS, "kubelet")]
+    for target, name in [*targets, ("./cmd/etcd", "etcd"), ("./cmd/fakecri", "fakecri")]:
         if (bins / name).is_file():  # written under another name, then renamed: whole
             say(f"{version}: {name} is there already")
             continue
@@ -758,6 +770,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     m.add_argument("--versions", default=",".join(RELEASES), help="comma-separated releases")
     m.add_argument("--gates", default=",".join(GATE_MODES), help="comma-separated gate sets")
     m.add_argument("--out", default=None, help="write the results table (Markdown) here")
+    nu = sub.add_parser("node-up", help="start the real kubelet beside the control plane")
+    nu.add_argument("--dir", required=True, help="the control plane's directory (from up)")
+    nu.add_argument("--node-dir", default=None, help="the node's [default: DIR/node]")
+    nd = sub.add_parser("node-down", help="stop the kubelet started by node-up")
+    nd.add_argument("--dir", required=True)
+    nd.add_argument("--node-dir", default=None)
     w = sub.add_parser("where", help="print the cache directory of a release's binaries")
     w.add_argument("--version", default=None)
     args = parser.parse_args(argv)
@@ -771,6 +789,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             up(resolve_version(args.version), args.dir, gates=args.gates)
         elif args.command == "down":
             down(Cluster.load(args.dir), remove=args.remove)
+        elif args.command in ("node-up", "node-down"):
+            from tests.realk8s.node import Kubelet, node_down, node_up
+
+            where = args.node_dir or str(Path(args.dir) / "node")
+            if args.command == "node-up":
+                node_up(Cluster.load(args.dir), where)
+            else:
+                node_down(Kubelet.load(where))
         elif args.command == "matrix":
             versions = [resolve_version(v) for v in args.versions.split(",") if v]
             modes = [g for g in args.gates.split(",") if g]

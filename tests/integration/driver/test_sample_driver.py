@@ -80,11 +80,19 @@ class DriverProcess:
     _runs = 0
 
     def __init__(
-        self, base: str, *args: str, driver: str = DRIVER, node: str = NODE, **opts: Any
+        self,
+        base: str,
+        *args: str,
+        driver: str = DRIVER,
+        node: str = NODE,
+        registry: str | None = None,
+        plugins: str | None = None,
+        **opts: Any,
     ) -> None:
         self.base, self.driver, self.node = base, driver, node
-        self.registry = f"{base}/reg"
-        self.plugins = f"{base}/plugins"
+        # a real kubelet's own directories, or short ones under base
+        self.registry = registry or f"{base}/reg"
+        self.plugins = plugins or f"{base}/plugins"
         self.cdi = f"{base}/cdi"
         self.state = f"{base}/state"
         self.args = [

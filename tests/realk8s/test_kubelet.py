@@ -1,0 +1,257 @@
+"""The driver toolkit under the REAL kubelet (``scripts/realk8s node-up``).
+
+A toolkit driver (the sample driver, ``drahealth driver``) registers in the real kubelet's
+plugin registry, is asked by it to prepare a pod's claim, streams device health, and the
+real kubelet writes ``allocatedResourcesStatus`` for the pod. The pod is placed the way
+upstream's node e2e tests place it, with no scheduler decision in between: ``nodeName``
+set, the claim's ``status.allocation`` and ``reservedFor`` written by the test. The
+container runtime is upstream's in-memory fake, so the pod reaches Running without a
+process; the kubelet's DRA manager, plugin manager, health cache and status code are the
+release's own.
+
+Each step's latency is printed (``kubelet <release>: <step> <seconds>``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightkube import ApiError, AsyncClient
+from lightkube.resources.core_v1 import Namespace, Pod
+from lightkube.resources.resource_v1 import ResourceClaim
+from lightkube.types import PatchType
+
+from drahealth.driver._types import CHECKPOINT_NAME
+from tests.integration.driver.test_sample_driver import DriverProcess, inject
+from tests.realk8s.harness import KUBELET_NODE, Cluster
+from tests.realk8s.node import Kubelet
+
+pytestmark = [pytest.mark.realk8s, pytest.mark.timeout(300)]
+
+DRIVER = "gpu.example.com"
+NS = "kubelet-health"
+
+
+async def until(check: Callable[[], Awaitable[Any]], within: float, what: str) -> Any:
+    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
+    t0 = time.monotonic()
+    last: Any = None
+    while True:
+        try:
+            value = await check()
+            if value:
+                return value
+            last = value
+        except (ApiError, KeyError, AttributeError, TypeError, IndexError) as exc:
+            last = exc
+        if time.monotonic() - t0 > within:
+            raise AssertionError(f"timed out after {within:.0f} s waiting for {what} ({last!r})")
+        await asyncio.sleep(0.1)
+
+
+def say(node: Kubelet, step: str, seconds: float) -> None:
+    print(f"\nkubelet {node.version}: {step} {seconds:.2f} s")
+
+
+@pytest.fixture
+def base() -> Iterator[str]:
+    d = tempfile.mkdtemp(dir="/tmp", prefix="rkl-")
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def toolkit_driver(
+    base: str, cluster: Cluster, node: Kubelet
+) -> AsyncIterator[DriverProcess]:
+    """The sample driver registered with the real kubelet (its registry and plugin
+    directories), publishing its ResourceSlice with the admin kubeconfig."""
+    driver = DriverProcess(
+        base, node=KUBELET_NODE, kubeconfig=cluster.kubeconfig, health_timeout=5,
+        registry=node.registry_dir, plugins=node.plugins_dir,
+    )  # fmt: skip
+    try:
+        await driver.start(timeout=30)
+        yield driver
+    finally:
+        if driver.proc is not None and driver.proc.returncode is None:
+            await driver.stop()
+        driver.close()
+
+
+async def place_pod(client: AsyncClient, name: str, device: str) -> None:
+    """A claim allocated to ``device`` and a pod on the real kubelet's node using it,
+    reserved for the pod, as node e2e tests do it."""
+    await client.create(
+        ResourceClaim.from_dict(
+            {
+                "metadata": {"name": name, "namespace": NS},
+                "spec": {
+                    "devices": {
+                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]
+                    }
+                },
+            }
+        )
+    )
+    pod = await client.create(
+        Pod.from_dict(
+            {
+                "metadata": {"name": name, "namespace": NS},
+                "spec": {
+                    "nodeName": KUBELET_NODE,
+                    "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "registry.example/app:1.0",
+                            "resources": {"claims": [{"name": "gpu"}]},
+                        }
+                    ],
+                    "terminationGracePeriodSeconds": 1,
+                },
+            }
+        )
+    )
+    assert pod.metadata is not None
+    results = [{"request": "gpu", "driver": DRIVER, "pool": KUBELET_NODE, "device": device}]
+    await client.patch(
+        ResourceClaim.Status,
+        name,
+        {
+            "status": {
+                "allocation": {"devices": {"results": results}},
+                "reservedFor": [{"resource": "pods", "name": name, "uid": pod.metadata.uid}],
+            }
+        },
+        namespace=NS,
+        patch_type=PatchType.MERGE,
+    )
+    # the kubelet tried the pod before the claim was reserved for it and now waits for
+    # its next resync; a change of the pod makes it try again at once
+    await client.patch(
+        Pod, name, {"metadata": {"annotations": {"drahealth.test/reserved": "true"}}},
+        namespace=NS, patch_type=PatchType.MERGE,
+    )  # fmt: skip
+
+
+async def remove_pod(client: AsyncClient, name: str) -> None:
+    """Delete the pod gracefully and wait until the kubelet confirmed it (after it
+    unprepared the claim), so the driver is still there to be asked."""
+    await client.delete(Pod, name, namespace=NS, grace_period=1)
+
+    async def gone() -> bool:
+        try:
+            await client.get(Pod, name, namespace=NS)
+        except ApiError as exc:
+            return exc.status.code == 404
+        return False
+
+    await until(gone, 60, f"pod {name} deleted by the kubelet")
+
+
+async def entry(client: AsyncClient, name: str) -> dict[str, Any] | None:
+    """The pod's ``claim:gpu`` entry of its container, as the kubelet wrote it."""
+    pod = (await client.get(Pod, name, namespace=NS)).to_dict()
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        for e in cs.get("allocatedResourcesStatus") or []:
+            if e.get("name") == "claim:gpu":
+                return dict(e)
+    return None
+
+
+async def health_is(client: AsyncClient, name: str, want: str) -> dict[str, Any] | None:
+    found = await entry(client, name)
+    resources = (found or {}).get("resources") or []
+    return found if resources and all(r.get("health") == want for r in resources) else None
+
+
+@pytest.fixture
+async def namespace(real_client: AsyncClient) -> AsyncIterator[str]:
+    with contextlib.suppress(ApiError):
+        await real_client.create(Namespace.from_dict({"metadata": {"name": NS}}))
+    try:
+        yield NS
+    finally:
+        for pod in [p async for p in real_client.list(Pod, namespace=NS)]:
+            assert pod.metadata is not None and pod.metadata.name is not None
+            with contextlib.suppress(ApiError):
+                await real_client.delete(Pod, pod.metadata.name, namespace=NS, grace_period=0)
+        for claim in [c async for c in real_client.list(ResourceClaim, namespace=NS)]:
+            assert claim.metadata is not None and claim.metadata.name is not None
+            with contextlib.suppress(ApiError):
+                await real_client.delete(ResourceClaim, claim.metadata.name, namespace=NS)
+
+
+async def test_the_real_kubelet_prepares_and_reports_a_toolkit_drivers_health(
+    real_cluster: Cluster, real_kubelet: Kubelet, real_client: AsyncClient, namespace: str,
+    base: str,
+) -> None:  # fmt: skip
+    name = f"healthy-{uuid.uuid4().hex[:6]}"
+    async with toolkit_driver(base, real_cluster, real_kubelet) as driver:
+        t0 = time.monotonic()
+        await place_pod(real_client, name, "gpu-0")
+        claim = await real_client.get(ResourceClaim, name, namespace=NS)
+        assert claim.metadata is not None and claim.metadata.uid is not None
+        claim_uid = claim.metadata.uid
+
+        async def running() -> bool:
+            pod = await real_client.get(Pod, name, namespace=NS)
+            return pod.status is not None and pod.status.phase == "Running"
+
+        await until(running, 90, "the pod Running on the real kubelet")
+        say(real_kubelet, "prepared and Running", time.monotonic() - t0)
+        healthy = await until(
+            lambda: health_is(real_client, name, "Healthy"), 60, "claim:gpu Healthy"
+        )
+        resource_id = healthy["resources"][0]["resourceID"]
+        # the first CDI device id the driver returned for the device
+        assert resource_id.startswith(f"k8s.{DRIVER}/claim="), resource_id
+        say(real_kubelet, "Healthy written", time.monotonic() - t0)
+        assert claim_uid in await asyncio.to_thread(prepared_claims, driver)
+
+        t1 = time.monotonic()
+        rc, out, _ = await inject(driver.state, "gpu-0", "unhealthy", "--message", "XID 79")
+        assert rc == 0, out
+        bad = await until(
+            lambda: health_is(real_client, name, "Unhealthy"), 60, "claim:gpu Unhealthy"
+        )
+        say(real_kubelet, "Unhealthy written", time.monotonic() - t1)
+        assert bad["resources"][0]["resourceID"] == resource_id
+        assert bad["resources"][0].get("message") == "XID 79", bad
+
+        t2 = time.monotonic()
+        rc, out, _ = await inject(driver.state, "gpu-0", "healthy")
+        assert rc == 0, out
+        await until(lambda: health_is(real_client, name, "Healthy"), 60, "recovery")
+        say(real_kubelet, "recovery written", time.monotonic() - t2)
+
+        t3 = time.monotonic()
+        rc, out, _ = await inject(driver.state, "*", "silence")
+        assert rc == 0, out
+        await until(lambda: health_is(real_client, name, "Unknown"), 120, "Unknown after silence")
+        say(real_kubelet, "Unknown after a silent driver", time.monotonic() - t3)
+        assert await asyncio.to_thread(Path(real_kubelet.health_cache).is_file)
+
+        rc, out, _ = await inject(driver.state, "*", "resume")
+        assert rc == 0, out
+        t4 = time.monotonic()
+        await remove_pod(real_client, name)
+        say(real_kubelet, "unprepared and deleted", time.monotonic() - t4)
+        assert claim_uid not in await asyncio.to_thread(prepared_claims, driver)
+
+
+def prepared_claims(driver: DriverProcess) -> str:
+    """The driver's checkpoint as text (it names every claim it holds prepared)."""
+    return (Path(driver.state) / CHECKPOINT_NAME).read_text()
