@@ -30,9 +30,10 @@ from lightkube.resources.core_v1 import Namespace, Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 
+from drahealth.core import truncate_message
 from drahealth.driver._types import CHECKPOINT_NAME
 from tests.integration.driver.test_sample_driver import DriverProcess, inject
-from tests.realk8s.harness import KUBELET_NODE, Cluster
+from tests.realk8s.harness import KUBELET_NODE, Cluster, minor_of
 from tests.realk8s.node import Kubelet
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.timeout(300)]
@@ -73,13 +74,13 @@ def base() -> Iterator[str]:
 
 @contextlib.asynccontextmanager
 async def toolkit_driver(
-    base: str, cluster: Cluster, node: Kubelet
+    base: str, cluster: Cluster, node: Kubelet, *args: str
 ) -> AsyncIterator[DriverProcess]:
     """The sample driver registered with the real kubelet (its registry and plugin
     directories), publishing its ResourceSlice with the admin kubeconfig."""
     driver = DriverProcess(
-        base, node=KUBELET_NODE, kubeconfig=cluster.kubeconfig, health_timeout=5,
-        registry=node.registry_dir, plugins=node.plugins_dir,
+        base, *args, node=KUBELET_NODE, kubeconfig=cluster.kubeconfig, health_timeout=5,
+        registry=node.registry_dir, plugins=node.plugins_dir, log_level="info",
     )  # fmt: skip
     try:
         await driver.start(timeout=30)
@@ -255,3 +256,77 @@ async def test_the_real_kubelet_prepares_and_reports_a_toolkit_drivers_health(
 def prepared_claims(driver: DriverProcess) -> str:
     """The driver's checkpoint as text (it names every claim it holds prepared)."""
     return (Path(driver.state) / CHECKPOINT_NAME).read_text()
+
+
+def expected_health_version(node: Kubelet) -> str:
+    """The dra-health version the release's kubelet subscribes on with a driver that
+    serves both: 1.37 picks the newest advertised (v1); 1.34-1.36 know only v1alpha1."""
+    minor = tuple(int(x) for x in minor_of(node.version).split("."))
+    return "v1" if minor >= (1, 37) else "v1alpha1"
+
+
+async def test_the_kubelet_subscribes_on_its_releases_health_version(
+    real_cluster: Cluster, real_kubelet: Kubelet, real_client: AsyncClient, namespace: str,
+    base: str,
+) -> None:  # fmt: skip
+    want = expected_health_version(real_kubelet)
+    other = {"v1": "v1alpha1", "v1alpha1": "v1"}[want]
+    async with toolkit_driver(base, real_cluster, real_kubelet) as driver:
+        await until(
+            lambda: _async(f"dra-health {want} stream opened" in driver.output), 30,
+            f"the kubelet's {want} stream",
+        )  # fmt: skip
+        await asyncio.sleep(6)  # a 1.34-1.36 kubelet retries every 5 s: none comes over v1
+        assert f"dra-health {other} stream opened" not in driver.output, driver.output
+
+
+async def _async(value: Any) -> Any:
+    return value
+
+
+async def test_a_message_over_1024_bytes_reaches_the_pod_cut(
+    real_cluster: Cluster, real_kubelet: Kubelet, real_client: AsyncClient, namespace: str,
+    base: str,
+) -> None:  # fmt: skip
+    name = f"long-{uuid.uuid4().hex[:6]}"
+    long = "é" * 700  # 1400 bytes of UTF-8, two bytes a character
+    async with toolkit_driver(base, real_cluster, real_kubelet) as driver:
+        await place_pod(real_client, name, "gpu-1")
+        await until(lambda: health_is(real_client, name, "Healthy"), 90, "claim:gpu Healthy")
+        rc, out, _ = await inject(driver.state, "gpu-1", "unhealthy", "--message", long)
+        assert rc == 0, out
+        bad = await until(lambda: health_is(real_client, name, "Unhealthy"), 60, "Unhealthy")
+        message = bad["resources"][0].get("message") or ""
+        # the toolkit cuts it to 1024 bytes on whole characters before the kubelet sees it
+        assert message == truncate_message(long)
+        assert len(message.encode()) <= 1024 and message.endswith("...")
+        await remove_pod(real_client, name)
+
+
+async def test_a_restarted_plugin_registers_again_and_its_health_arrives(
+    real_cluster: Cluster, real_kubelet: Kubelet, real_client: AsyncClient, namespace: str,
+    base: str,
+) -> None:  # fmt: skip
+    """The driver stops and starts again (an upgrade, a crash), rolling-update socket
+    names the second time: the kubelet registers the new instance, streams from it and
+    still unprepares the claim the first instance prepared."""
+    name = f"restart-{uuid.uuid4().hex[:6]}"
+    async with toolkit_driver(base, real_cluster, real_kubelet) as driver:
+        await place_pod(real_client, name, "gpu-2")
+        await until(lambda: health_is(real_client, name, "Healthy"), 90, "claim:gpu Healthy")
+    t0 = time.monotonic()
+    async with toolkit_driver(
+        base, real_cluster, real_kubelet, "--pod-uid", str(uuid.uuid4())
+    ) as driver:
+        assert driver.output.count("ready: ") == 1
+        want = expected_health_version(real_kubelet)
+        await until(
+            lambda: _async(f"dra-health {want} stream opened" in driver.output), 30,
+            "a stream to the new instance",
+        )  # fmt: skip
+        say(real_kubelet, "restarted plugin streaming", time.monotonic() - t0)
+        rc, out, _ = await inject(driver.state, "gpu-2", "unhealthy", "--message", "after")
+        assert rc == 0, out
+        bad = await until(lambda: health_is(real_client, name, "Unhealthy"), 60, "Unhealthy")
+        assert bad["resources"][0].get("message") == "after"
+        await remove_pod(real_client, name)

@@ -26,6 +26,8 @@ Every call runs on the owning hub's asyncio loop.
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +59,8 @@ __all__ = [
 
 #: Smallest heartbeat interval on the streams (seconds).
 MIN_HEARTBEAT_SECONDS = 0.05
+
+log = logging.getLogger(__name__)
 
 
 def _device_health(s: DeviceState) -> api.health_v1.DeviceHealth:
@@ -163,7 +167,9 @@ class StreamFanout:
     version is encoded at most once, however many streams send it.
     """
 
-    __slots__ = ("_closed", "_encoder", "_model", "_silenced", "_wire", "mailboxes", "supported")
+    __slots__ = (
+        "_closed", "_encoder", "_model", "_silenced", "_wire", "mailboxes", "opened", "supported",
+    )  # fmt: skip
 
     def __init__(self, model: DeviceHealthModel, *, supported: bool = True) -> None:
         self._model = model
@@ -175,6 +181,8 @@ class StreamFanout:
         self._closed = False
         #: The open streams' mailboxes (both versions).
         self.mailboxes: set[Mailbox] = set()
+        #: Streams opened so far per dra-health version ("v1", "v1alpha1").
+        self.opened: Counter[str] = Counter()
 
     @property
     def version(self) -> int:
@@ -297,23 +305,29 @@ def add_health_servicers(fanout: StreamFanout, server: grpc.aio.Server) -> None:
     version) receive it. Requests are parsed with the generated message classes.
     """
 
-    async def watch(
-        request: object, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[bytes]:
-        """One ``NodeWatchResources`` stream (either version)."""
-        mailbox = await _open(fanout, context)
-        try:
-            while (snap := await mailbox.next()) is not None:
-                yield snap.encoded()
-        finally:
-            mailbox.close()
+    def watcher(version: str) -> Any:
+        async def watch(
+            request: object, context: grpc.aio.ServicerContext[Any, Any]
+        ) -> AsyncIterator[bytes]:
+            """One ``NodeWatchResources`` stream of ``version``."""
+            mailbox = await _open(fanout, context)
+            fanout.opened[version] += 1
+            # which version a kubelet subscribed on: 1.34-1.36 only know v1alpha1
+            log.info("dra-health %s stream opened (%d open)", version, len(fanout.mailboxes))
+            try:
+                while (snap := await mailbox.next()) is not None:
+                    yield snap.encoded()
+            finally:
+                mailbox.close()
+
+        return watch
 
     for service, request_type in (
         (api.DRA_HEALTH_V1, api.health_v1.NodeWatchResourcesRequest),
         (api.DRA_HEALTH_V1ALPHA1, api.health_v1alpha1.NodeWatchResourcesRequest),
     ):
         handler = grpc.unary_stream_rpc_method_handler(
-            watch,
+            watcher(service.partition(".")[0]),
             request_deserializer=request_type.FromString,
             response_serializer=_passthrough,
         )

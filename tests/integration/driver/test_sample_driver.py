@@ -87,6 +87,7 @@ class DriverProcess:
         node: str = NODE,
         registry: str | None = None,
         plugins: str | None = None,
+        log_level: str | None = None,
         **opts: Any,
     ) -> None:
         self.base, self.driver, self.node = base, driver, node
@@ -96,6 +97,7 @@ class DriverProcess:
         self.cdi = f"{base}/cdi"
         self.state = f"{base}/state"
         self.args = [
+            *(["--log-level", log_level] if log_level else []),
             "driver",
             "--driver-name", driver,
             "--node-name", node,
@@ -113,7 +115,8 @@ class DriverProcess:
 
     @property
     def registrar_socket(self) -> str:
-        return f"{self.registry}/{self.driver}-reg.sock"
+        uid = self.args[self.args.index("--pod-uid") + 1] if "--pod-uid" in self.args else None
+        return api.registrar_socket_path(self.driver, self.registry, uid)
 
     @property
     def dra_socket(self) -> str:
