@@ -577,10 +577,10 @@ def _keep_other_entries(own: JSON, status: Mapping[str, Any]) -> None:
             if kept:
                 theirs.setdefault(cs["name"], kept)
         for cs in own[key]:
-            kept = theirs.get(cs.get("name")) if isinstance(cs, dict) else None
-            if kept:
+            carried = theirs.get(str(cs.get("name"))) if isinstance(cs, dict) else None
+            if carried:
                 mine = cs.get("allocatedResourcesStatus") or []
-                cs["allocatedResourcesStatus"] = [*kept, *mine]
+                cs["allocatedResourcesStatus"] = [*carried, *mine]
 
 
 def _uid_precondition(pod: Mapping[str, Any]) -> JSON:
