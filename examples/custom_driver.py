@@ -20,6 +20,9 @@ devices are lightkube's ``resource.k8s.io/v1`` ``Device`` model.
     drahealth inject --state-dir /tmp/fpga/state fpga-1 unhealthy   # an injected fault
     drahealth inject --state-dir /tmp/fpga/state fpga-1 healthy     # operator recovery
 
+Under a real kubelet, point it at the kubelet's directories (``--registry-dir
+/var/lib/kubelet/plugins_registry --plugins-dir /var/lib/kubelet/plugins``).
+
 With an API server, the cards are published and a faulty card is tainted:
 
     drahealth apiserver --kubeconfig-out /tmp/fpga.kubeconfig &
@@ -90,7 +93,14 @@ async def probe_forever(hub: HealthHub, pool: str, faults: str) -> None:
         await asyncio.sleep(1.0)
 
 
-async def main(base: str, node: str, kubeconfig: str | None, metrics_port: int | None) -> None:
+async def main(
+    base: str,
+    node: str,
+    kubeconfig: str | None,
+    metrics_port: int | None,
+    registry_dir: str | None = None,
+    plugins_dir: str | None = None,
+) -> None:
     os.makedirs(f"{base}/faults", exist_ok=True)
     hub = HealthHub([(node, card) for card in CARDS], default_timeout_seconds=10)
     hub.submit("probe", probe(node, f"{base}/faults"))  # first probe before serving
@@ -101,8 +111,8 @@ async def main(base: str, node: str, kubeconfig: str | None, metrics_port: int |
     options = PluginOptions(
         DRIVER,
         node_name=node,  # also the pool's name
-        registry_dir=f"{base}/registry",
-        plugins_dir=f"{base}/plugins",
+        registry_dir=registry_dir or f"{base}/registry",  # a kubelet's plugins_registry
+        plugins_dir=plugins_dir or f"{base}/plugins",
         cdi_dir=f"{base}/cdi",
         state_dir=f"{base}/state",  # checkpoint, taints, control.sock
         kube_client=client,  # None: no claims fetched, no slices published
@@ -128,5 +138,12 @@ if __name__ == "__main__":
     parser.add_argument("--node", default=os.environ.get("NODE_NAME", "node-1"))
     parser.add_argument("--kubeconfig", default=None, help="API access: claims and slices")
     parser.add_argument("--metrics-port", type=int, default=None, help="serve /metrics")
+    parser.add_argument(
+        "--registry-dir", default=None, help="kubelet plugin registry [default: BASE/registry]"
+    )
+    parser.add_argument(
+        "--plugins-dir", default=None, help="parent of the DRA socket dir [default: BASE/plugins]"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.base, args.node, args.kubeconfig, args.metrics_port))
+    dirs = (args.registry_dir, args.plugins_dir)
+    asyncio.run(main(args.base, args.node, args.kubeconfig, args.metrics_port, *dirs))

@@ -30,6 +30,7 @@ did not build, the port in use, the component that exited and the tail of its lo
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -63,6 +64,10 @@ CLIENTS = ("kubectl",)
 #: (``tests/realk8s/go/fakecri``), so pods run with no container runtime.
 NODE = ("kubelet", "fakecri")
 GO_TREE = Path(__file__).resolve().parent / "go"
+#: Go mains of the test tree (``tests/realk8s/go/<name>``), built in each release's
+#: module (so against its staging modules: the kubeletplugin helper of that release) and
+#: rebuilt whenever their sources change.
+TEST_MAINS = ("fakecri", "helperdriver")
 #: Gates, runtime-config per minor when the device-taint gates are asked for ("taints").
 #: DeviceTaintRule is resource.k8s.io/v1alpha3 on 1.34/1.35, v1beta2 on 1.36, v1 on 1.37;
 #: the allocatedResourcesStatus field is kept only with ResourceHealthStatus on.
@@ -237,11 +242,36 @@ func main() { etcdmain.Main(os.Args) }
 """
 
 
+def _main_digest(name: str) -> str:
+    """sha256 of a test-tree Go main's sources (file names and contents)."""
+    digest = hashlib.sha256()
+    for path in sorted((GO_TREE / name).rglob("*.go")):
+        digest.update(path.relative_to(GO_TREE / name).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _main_fresh(bins: Path, name: str) -> bool:
+    """Whether the built test-tree main ``name`` is from its current sources (a main
+    not in the tree counts as fresh: nothing to build)."""
+    if not (GO_TREE / name).is_dir():
+        return True
+    stamp = bins / f"{name}.sha256"
+    try:
+        return (bins / name).is_file() and stamp.read_text().strip() == _main_digest(name)
+    except OSError:
+        return False
+
+
 def build(version: str, *, say: Any = print) -> Path:
     """Build ``version``'s control plane, kubectl and etcd into :func:`bin_dir`; return
     it. Only what is missing is built (a cache from before kubectl was added gains it)."""
     bins = bin_dir(version)
-    if built(version) and all((bins / c).is_file() for c in (*CLIENTS, *NODE)):
+    if (
+        built(version)
+        and all((bins / c).is_file() for c in (*CLIENTS, "kubelet"))
+        and all(_main_fresh(bins, m) for m in TEST_MAINS)
+    ):
         say(f"{version}: already built in {bins}")
         return bins
     if shutil.which("go") is None:
@@ -253,8 +283,12 @@ def build(version: str, *, say: Any = print) -> Path:
     (src / "go.mod").write_text(consumer_gomod(version, tag))
     (src / "tools.go").write_text(TOOLS_GO)
     (src / "cmd" / "etcd" / "main.go").write_text(ETCD_MAIN)
-    (src / "cmd" / "fakecri").mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(GO_TREE / "fakecri" / "main.go", src / "cmd" / "fakecri" / "main.go")
+    mains = [m for m in TEST_MAINS if (GO_TREE / m).is_dir()]
+    for name in mains:
+        shutil.rmtree(src / "cmd" / name, ignore_errors=True)
+        shutil.copytree(GO_TREE / name, src / "cmd" / name)
+        if not _main_fresh(bins, name):
+            (bins / name).unlink(missing_ok=True)
     env = {"GOFLAGS": "-mod=mod", "CGO_ENABLED": "0", "GOTOOLCHAIN": "local"}
     say(f"{version}: resolving modules in {src}")
     _run(["go", "mod", "tidy"], cwd=src, env=env, timeout=1800,
@@ -268,18 +302,24 @@ def build(version: str, *, say: Any = print) -> Path:
     bins.mkdir(parents=True, exist_ok=True)
     (bins / "BUILT").unlink(missing_ok=True)
     targets = [(f"k8s.io/kubernetes/cmd/{c}", c) for c in (*COMPONENTS, *CLIENTS, "kubelet")]
-    for target, name in [*targets, ("./cmd/etcd", "etcd"), ("./cmd/fakecri", "fakecri")]:
+    targets += [("./cmd/etcd", "etcd"), *((f"./cmd/{m}", m) for m in mains)]
+    # the kubeletplugin helper before v0.37 serves dra-health only through a driver
+    # implementing the v1alpha1 server itself (v0.37 has a version-neutral API)
+    tags = "selinux,notest" + (",helper_v1alpha1" if int(minor) < 37 else "")
+    for target, name in targets:
         if (bins / name).is_file():  # written under another name, then renamed: whole
             say(f"{version}: {name} is there already")
             continue
         t1 = time.monotonic()
         say(f"{version}: building {name}")
         _run(
-            ["go", "build", "-p", "2", "-trimpath", "-tags", "selinux,notest",
+            ["go", "build", "-p", "2", "-trimpath", "-tags", tags,
              "-ldflags", f"-s -w {stamp}", "-o", str(bins / f"{name}.partial"), target],
             cwd=src, env=env, timeout=BUILD_TIMEOUT_S, what=f"building {name} {version}",
         )  # fmt: skip
         os.replace(bins / f"{name}.partial", bins / name)
+        if name in TEST_MAINS:
+            (bins / f"{name}.sha256").write_text(_main_digest(name) + "\n")
         say(f"{version}: {name} built in {time.monotonic() - t1:.0f} s")
     (bins / "BUILT").write_text(
         json.dumps({"version": version, "seconds": round(time.monotonic() - t0)}) + "\n"

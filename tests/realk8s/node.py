@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -189,7 +191,9 @@ def node_up(cluster: Cluster, directory: str | Path | None = None, *, say: Any =
         sock = Path(node.dir) / "cri.sock"
         sock.unlink(missing_ok=True)
         procs["fakecri"] = _start("fakecri", [
-            str(bins / "fakecri"), f"--endpoint={node.cri_endpoint}", f"--fs-root={base}",
+            # a flag names a path inside the node's directory: node_down knows it by that
+            str(bins / "fakecri"), f"--endpoint={node.cri_endpoint}",
+            f"--fs-root={node.root_dir}",
         ], logs)  # fmt: skip
         node.pids["fakecri"] = procs["fakecri"].pid
         node.save()
@@ -204,19 +208,32 @@ def node_up(cluster: Cluster, directory: str | Path | None = None, *, say: Any =
 
         _wait_ready("fakecri", procs["fakecri"], logs / "fakecri.log", cri_ok, deadline)
         say(f"fake CRI runtime on {node.cri_endpoint}")
-        procs["kubelet"] = _start("kubelet", [
-            str(bins / "kubelet"), f"--config={config}", f"--kubeconfig={kubeconfig}",
-            f"--root-dir={node.root_dir}", f"--cert-dir={base / 'pki'}",
-            f"--hostname-override={node.name}", "--v=2",
-        ], logs)  # fmt: skip
-        node.pids["kubelet"] = procs["kubelet"].pid
-        node.save()
+        procs["kubelet"] = _start_kubelet(node, cluster, deadline)
+        say(f"kubelet {cluster.version} ready as node {node.name} (root {node.root_dir})")
+    except BaseException:
+        _stop_pids({n: p.pid for n, p in procs.items()})
+        raise
+    return node
+
+
+def _start_kubelet(node: Kubelet, cluster: Cluster, deadline: float) -> subprocess.Popen[bytes]:
+    """Start the kubelet of ``node`` (its files written by :func:`node_up`) and wait
+    until its ``/healthz`` answers and its Node is Ready."""
+    base, logs = Path(node.dir), Path(node.dir) / "logs"
+    proc = _start("kubelet", [
+        str(bin_dir(node.version) / "kubelet"), f"--config={base / 'kubelet.json'}",
+        f"--kubeconfig={base / 'kubelet.kubeconfig'}", f"--root-dir={node.root_dir}",
+        f"--cert-dir={base / 'pki'}", f"--hostname-override={node.name}", "--v=2",
+    ], logs)  # fmt: skip
+    node.pids["kubelet"] = proc.pid
+    node.save()
+    try:
 
         def healthz() -> bool | str:
             code, body = _get(f"http://127.0.0.1:{node.ports['healthz']}/healthz")
             return code == 200 or f"{code} {body[:200]}"
 
-        _wait_ready("kubelet", procs["kubelet"], logs / "kubelet.log", healthz, deadline)
+        _wait_ready("kubelet", proc, logs / "kubelet.log", healthz, deadline)
 
         def node_ready() -> bool | str:
             code, body = _get(
@@ -231,20 +248,66 @@ def node_up(cluster: Cluster, directory: str | Path | None = None, *, say: Any =
                 return True
             return f"Node {node.name} not Ready: {ready[0].get('message') if ready else None}"
 
-        _wait_ready("the kubelet's Node", procs["kubelet"], logs / "kubelet.log", node_ready,
-                    deadline)  # fmt: skip
-        say(f"kubelet {cluster.version} ready as node {node.name} (root {node.root_dir})")
+        _wait_ready("the kubelet's Node", proc, logs / "kubelet.log", node_ready, deadline)
     except BaseException:
-        _stop_pids({n: p.pid for n, p in procs.items()})
+        _stop_pids({"kubelet": proc.pid})
         raise
-    return node
+    return proc
+
+
+def restart_kubelet(node: Kubelet, cluster: Cluster) -> None:
+    """Stop the kubelet alone (SIGTERM, as a node's service manager does) and start it
+    again on the same root directory: its checkpoint and health cache carry over."""
+    running = node.running()
+    if "kubelet" in running:
+        _stop_pids({"kubelet": running["kubelet"]})
+    _start_kubelet(node, cluster, time.monotonic() + START_TIMEOUT_S)
+
+
+def processes_under(directory: str) -> dict[int, str]:
+    """Processes whose command line names a path inside ``directory`` (pid -> program)."""
+    where = os.fsencode(str(Path(directory).resolve()) + os.sep)
+    found: dict[int, str] = {}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if where in argv and int(proc.name) != os.getpid():
+            found[int(proc.name)] = os.fsdecode(argv.split(b"\0")[0])
+    return found
 
 
 def node_down(node: Kubelet, *, remove: bool = False) -> None:
-    """Stop the kubelet and the runtime (those still running as this node's)."""
+    """Stop the kubelet and the runtime (those still running as this node's); fail,
+    after killing them, where a process of the node's directory outlived them."""
     _stop_pids(node.running())
+    left = processes_under(node.dir)
+    if left:
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    # the kubelet bind-mounts its root directory onto itself and mounts pods' projected
+    # volumes (tmpfs) under it; a stopped kubelet leaves them, so they go here
+    for mount in reversed(mounts_under(node.dir)):
+        subprocess.run(["umount", "-l", mount], capture_output=True, timeout=30, check=False)
     if remove:
         shutil.rmtree(node.dir, ignore_errors=True)
+    if left:
+        raise HarnessError(f"still running after node-down (now killed): {left}")
+
+
+def mounts_under(directory: str) -> list[str]:
+    """Mount points at or under ``directory``, in the order they were mounted."""
+    where = str(Path(directory).resolve())
+    try:
+        lines = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return []
+    points = [
+        ln.split()[1].encode().decode("unicode_escape") for ln in lines if len(ln.split()) > 1
+    ]
+    return [m for m in points if m == where or m.startswith(where + os.sep)]
 
 
 @contextlib.contextmanager

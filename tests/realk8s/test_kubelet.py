@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -26,12 +28,13 @@ from typing import Any
 
 import pytest
 from lightkube import ApiError, AsyncClient
-from lightkube.resources.core_v1 import Namespace, Pod
+from lightkube.resources.core_v1 import Event, Namespace, Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 from lightkube.types import PatchType
 
 from drahealth.core import truncate_message
 from drahealth.driver._types import CHECKPOINT_NAME
+from tests.e2e.test_agent_e2e import AgentProcess
 from tests.integration.driver.test_sample_driver import DriverProcess, inject
 from tests.realk8s.harness import KUBELET_NODE, Cluster, minor_of
 from tests.realk8s.node import Kubelet
@@ -91,16 +94,18 @@ async def toolkit_driver(
         driver.close()
 
 
-async def place_pod(client: AsyncClient, name: str, device: str) -> None:
-    """A claim allocated to ``device`` and a pod on the real kubelet's node using it,
-    reserved for the pod, as node e2e tests do it."""
+async def place_pod(
+    client: AsyncClient, name: str, device: str, driver: str = DRIVER, node: str = KUBELET_NODE
+) -> None:
+    """A claim allocated to ``driver``'s ``device`` and a pod on the real kubelet's node
+    using it, reserved for the pod, as node e2e tests do it."""
     await client.create(
         ResourceClaim.from_dict(
             {
                 "metadata": {"name": name, "namespace": NS},
                 "spec": {
                     "devices": {
-                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]
+                        "requests": [{"name": "gpu", "exactly": {"deviceClassName": driver}}]
                     }
                 },
             }
@@ -111,7 +116,7 @@ async def place_pod(client: AsyncClient, name: str, device: str) -> None:
             {
                 "metadata": {"name": name, "namespace": NS},
                 "spec": {
-                    "nodeName": KUBELET_NODE,
+                    "nodeName": node,
                     "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
                     "containers": [
                         {
@@ -126,7 +131,7 @@ async def place_pod(client: AsyncClient, name: str, device: str) -> None:
         )
     )
     assert pod.metadata is not None
-    results = [{"request": "gpu", "driver": DRIVER, "pool": KUBELET_NODE, "device": device}]
+    results = [{"request": "gpu", "driver": driver, "pool": node, "device": device}]
     await client.patch(
         ResourceClaim.Status,
         name,
@@ -330,3 +335,127 @@ async def test_a_restarted_plugin_registers_again_and_its_health_arrives(
         bad = await until(lambda: health_is(real_client, name, "Unhealthy"), 60, "Unhealthy")
         assert bad["resources"][0].get("message") == "after"
         await remove_pod(real_client, name)
+
+
+async def test_an_nvidia_like_driver_under_the_real_kubelet_gets_health_from_the_observer(
+    real_cluster: Cluster, real_kubelet: Kubelet, real_client: AsyncClient, namespace: str,
+    base: str,
+) -> None:  # fmt: skip
+    """NVIDIA's profile registers no health service: the real kubelet prepares its claim
+    and runs the pod but has no health to write. drahealth's agent in observer mode beside
+    it attaches the kernel-log source to the driver's devices: an XID line turns the pod's
+    ``drahealth.io/DeviceHealthy`` condition False with an Event, and the observer never
+    writes ``allocatedResourcesStatus`` (the kubelet's field)."""
+    name = f"nvidia-{uuid.uuid4().hex[:6]}"
+    driver = DriverProcess(
+        base, "--profile", "sim-nvidia", driver="gpu.nvidia.com", node=KUBELET_NODE,
+        kubeconfig=real_cluster.kubeconfig, registry=real_kubelet.registry_dir,
+        plugins=real_kubelet.plugins_dir, log_level="info",
+    )  # fmt: skip
+    attach = Path(base) / "attach.yaml"
+    attach.write_text(
+        f"driver: gpu.nvidia.com\nsources:\n  - kind: kmsg\n    path: {driver.state}/kmsg\n"
+    )
+    observer = AgentProcess(
+        f"{base}/observer", real_cluster.kubeconfig, "--mode", "observer",
+        "--node-name", KUBELET_NODE, "--registry-dir", real_kubelet.registry_dir,
+        "--podresources-socket", f"{real_kubelet.root_dir}/pod-resources/kubelet.sock",
+        "--podresources-interval", "0.5", "--attach", str(attach),
+    )  # fmt: skip
+    try:
+        await driver.start(timeout=30)
+        await observer.start(timeout=30)
+        await place_pod(real_client, name, "gpu-0", "gpu.nvidia.com")
+
+        async def running() -> bool:
+            pod = await real_client.get(Pod, name, namespace=NS)
+            return pod.status is not None and pod.status.phase == "Running"
+
+        await until(running, 90, "the pod Running")
+        healthy = await until(lambda: condition(real_client, name), 60, "DeviceHealthy")
+        assert healthy["status"] == "True", healthy
+        assert "dra-health" not in driver.output  # no stream: it serves no health service
+        rc, out, _ = await inject(driver.state, "gpu-0", "xid", "--xid", "79")
+        assert rc == 0, out
+
+        async def unhealthy() -> dict[str, Any] | None:
+            found = await condition(real_client, name)
+            return found if found and found["status"] == "False" else None
+
+        bad = await until(unhealthy, 60, "DeviceHealthy False")
+        assert "XID 79" in bad["message"], bad
+        # the kubelet's field is the kubelet's alone (it writes Unknown for devices it
+        # has no health for once a status sync runs); the observer wrote its condition
+        owners = await writers(real_client, name)
+        assert set(owners.get("allocatedResourcesStatus", ())) <= {"kubelet"}, owners
+        assert owners.get("drahealth.io/DeviceHealthy"), owners
+        events = [
+            e async for e in real_client.list(Event, namespace=NS)
+            if e.involvedObject.name == name and e.reason == "DeviceUnhealthy"
+        ]  # fmt: skip
+        assert events, "no DeviceUnhealthy Event for the pod"
+        await remove_pod(real_client, name)
+    finally:
+        with contextlib.suppress(Exception):
+            await observer.stop()
+        if driver.proc is not None and driver.proc.returncode is None:
+            await driver.stop()
+        driver.close()
+
+
+async def writers(client: AsyncClient, name: str) -> dict[str, list[str]]:
+    """Field managers of the pod's status that set ``allocatedResourcesStatus`` or the
+    ``drahealth.io/DeviceHealthy`` condition (from its managedFields)."""
+    pod = (await client.get(Pod, name, namespace=NS)).to_dict()
+    found: dict[str, list[str]] = {}
+    for m in pod["metadata"].get("managedFields") or []:
+        fields = json.dumps(m.get("fieldsV1") or {})
+        for key in ("allocatedResourcesStatus", "drahealth.io/DeviceHealthy"):
+            if key in fields:
+                found.setdefault(key, []).append(str(m.get("manager")))
+    return found
+
+
+async def condition(client: AsyncClient, name: str) -> dict[str, Any] | None:
+    """The pod's ``drahealth.io/DeviceHealthy`` condition, if written."""
+    pod = (await client.get(Pod, name, namespace=NS)).to_dict()
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "drahealth.io/DeviceHealthy":
+            return dict(c)
+    return None
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_driver.py"
+
+
+async def test_the_custom_driver_example_runs_under_the_real_kubelet(
+    real_cluster: Cluster, real_kubelet: Kubelet, real_client: AsyncClient, namespace: str,
+    base: str,
+) -> None:  # fmt: skip
+    """examples/custom_driver.py as its docstring says to run it on a node: its probe's
+    fault file turns the card Unhealthy in the pod's status, written by the kubelet."""
+    name = f"fpga-{uuid.uuid4().hex[:6]}"
+    log = Path(base) / "example.log"
+    with log.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(EXAMPLE), "--base", base, "--node", KUBELET_NODE,
+            "--kubeconfig", real_cluster.kubeconfig,
+            "--registry-dir", real_kubelet.registry_dir, "--plugins-dir", real_kubelet.plugins_dir,
+            stdout=out, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        await until(
+            lambda: _async(proc.returncode is None and "ready: " in log.read_text()), 30,
+            "the example ready",
+        )  # fmt: skip
+        await place_pod(real_client, name, "fpga-1", "fpga.example.com")
+        await until(lambda: health_is(real_client, name, "Healthy"), 90, "Healthy")
+        (Path(base) / "faults" / "fpga-1").touch()
+        bad = await until(lambda: health_is(real_client, name, "Unhealthy"), 60, "Unhealthy")
+        assert bad["resources"][0].get("message") == f"fault file {base}/faults/fpga-1"
+        await remove_pod(real_client, name)
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            async with asyncio.timeout(15):
+                await proc.wait()
