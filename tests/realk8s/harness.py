@@ -67,7 +67,7 @@ GO_TREE = Path(__file__).resolve().parent / "go"
 #: Go mains of the test tree (``tests/realk8s/go/<name>``), built in each release's
 #: module (so against its staging modules: the kubeletplugin helper of that release) and
 #: rebuilt whenever their sources change.
-TEST_MAINS = ("fakecri", "helperdriver")
+TEST_MAINS = ("fakecri", "helperdriver", "noopdra")
 #: Gates, runtime-config per minor when the device-taint gates are asked for ("taints").
 #: DeviceTaintRule is resource.k8s.io/v1alpha3 on 1.34/1.35, v1beta2 on 1.36, v1 on 1.37;
 #: the allocatedResourcesStatus field is kept only with ResourceHealthStatus on.

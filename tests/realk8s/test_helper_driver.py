@@ -81,19 +81,32 @@ def kubelet_cut(message: str) -> str:
 class HelperDriver:
     """The helperdriver process, its health file, its checkpoint and CDI directory."""
 
-    def __init__(self, binary: Path, base: str, cluster: Cluster, node: Kubelet) -> None:
-        self.registry = node.registry_dir
-        self.plugin_dir = Path(node.plugins_dir) / DRIVER
+    def __init__(
+        self,
+        binary: Path,
+        base: str,
+        cluster: Cluster,
+        node: Kubelet | None = None,
+        *,
+        node_name: str = KUBELET_NODE,
+        registry: str | None = None,
+        plugins: str | None = None,
+    ) -> None:
+        """Under ``node`` (the real kubelet's directories), or the given ones."""
+        registry = registry or (node.registry_dir if node else f"{base}/reg")
+        plugins = plugins or (node.plugins_dir if node else f"{base}/plugins")
+        self.registry = registry
+        self.plugin_dir = Path(plugins) / DRIVER
         self.cdi = Path(base) / "cdi"
         self.health_file = Path(base) / "health.json"
         self.out_path = Path(base) / "helperdriver.log"
         self.args = [
             str(binary),
             "--driver-name", DRIVER,
-            "--node-name", KUBELET_NODE,
+            "--node-name", node_name,
             "--kubeconfig", cluster.kubeconfig,
-            "--registry-dir", node.registry_dir,
-            "--plugins-dir", node.plugins_dir,
+            "--registry-dir", registry,
+            "--plugins-dir", plugins,
             "--cdi-dir", str(self.cdi),
             "--health-file", str(self.health_file),
             "--health-timeout", "5",
@@ -115,6 +128,7 @@ class HelperDriver:
         return self.cdi / f"{DRIVER}-claim_{claim_uid}.json"
 
     async def start(self, within: float = 30.0) -> None:
+        self.out_path.parent.mkdir(parents=True, exist_ok=True)
         with self.out_path.open("ab") as log:
             self.proc = await asyncio.create_subprocess_exec(
                 *self.args, stdout=log, stderr=asyncio.subprocess.STDOUT
@@ -139,10 +153,13 @@ class HelperDriver:
             self.proc.kill()
             return await self.proc.wait()
 
-    def set_health(self, devices: dict[str, dict[str, str]], *, silent: bool = False) -> None:
-        """Replace the health file whole (the driver re-reads it every 200 ms)."""
+    def set_health(
+        self, devices: dict[str, dict[str, str]], *, silent: bool = False, **more: Any
+    ) -> None:
+        """Replace the health file whole (the driver re-reads it every 200 ms); ``more``:
+        its other fields (``omit``, ``duplicates``, ``failStream``)."""
         tmp = self.health_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"devices": devices, "silent": silent}))
+        tmp.write_text(json.dumps({"devices": devices, "silent": silent, **more}))
         os.replace(tmp, self.health_file)
 
 

@@ -17,17 +17,26 @@ import (
 
 // The health file (--health-file):
 //
-//	{"devices": {"gpu-0": {"health": "Unhealthy", "message": "XID 79"}}, "silent": false}
+//	{"devices": {"gpu-0": {"health": "Unhealthy", "message": "XID 79"}}, "silent": false,
+//	 "omit": ["gpu-2"], "duplicates": {"gpu-1": {"health": "Unhealthy"}}, "failStream": 0}
 //
 // A device not named is Healthy with no message, a health other than Healthy,
 // Unhealthy or Unknown reads as Unknown; a missing file means all Healthy;
 // "silent": true stops all reports (the kubelet's lease then runs out: Unknown).
+// Reports leave out the devices in "omit", and carry a second entry for each device
+// in "duplicates", after its first. Every change of "failStream" ends the streams
+// open at that moment with an error (the kubelet opens a new one).
 type healthFile struct {
-	Devices map[string]struct {
-		Health  string `json:"health"`
-		Message string `json:"message"`
-	} `json:"devices"`
-	Silent bool `json:"silent"`
+	Devices    map[string]healthEntry `json:"devices"`
+	Silent     bool                   `json:"silent"`
+	Omit       []string               `json:"omit"`
+	Duplicates map[string]healthEntry `json:"duplicates"`
+	FailStream int                    `json:"failStream"`
+}
+
+type healthEntry struct {
+	Health  string `json:"health"`
+	Message string `json:"message"`
 }
 
 // deviceHealth is one device's health, independent of any dra-health API version.
@@ -38,8 +47,9 @@ type deviceHealth struct {
 }
 
 type healthSnapshot struct {
-	silent  bool
-	devices []deviceHealth
+	silent     bool
+	failStream int
+	devices    []deviceHealth
 }
 
 // healthMonitor holds the health read last from the file and tells the streams when
@@ -68,23 +78,37 @@ func (m *healthMonitor) current() (healthSnapshot, <-chan struct{}) {
 }
 
 func (m *healthMonitor) parse(f healthFile) healthSnapshot {
-	snap := healthSnapshot{silent: f.Silent}
+	snap := healthSnapshot{silent: f.Silent, failStream: f.FailStream}
+	omitted := map[string]bool{}
+	for _, name := range f.Omit {
+		omitted[name] = true
+	}
 	for _, name := range m.names {
-		entry, ok := f.Devices[name]
+		if omitted[name] {
+			continue
+		}
 		h := deviceHealth{Device: name, Health: "Healthy"}
-		if ok {
-			h.Message = entry.Message
-			switch entry.Health {
-			case "Healthy", "Unhealthy", "Unknown":
-				h.Health = entry.Health
-			case "":
-			default:
-				h.Health = "Unknown"
-			}
+		if entry, ok := f.Devices[name]; ok {
+			h = entry.health(name)
 		}
 		snap.devices = append(snap.devices, h)
+		if dup, ok := f.Duplicates[name]; ok {
+			snap.devices = append(snap.devices, dup.health(name))
+		}
 	}
 	return snap
+}
+
+func (e healthEntry) health(name string) deviceHealth {
+	h := deviceHealth{Device: name, Health: "Healthy", Message: e.Message}
+	switch e.Health {
+	case "Healthy", "Unhealthy", "Unknown":
+		h.Health = e.Health
+	case "":
+	default:
+		h.Health = "Unknown"
+	}
+	return h
 }
 
 // run re-reads path every interval until ctx ends.
@@ -144,8 +168,12 @@ func (m *healthMonitor) load(logger klog.Logger, path string) {
 func (d *driver) streamHealth(ctx context.Context, send func([]deviceHealth) error) error {
 	tick := time.NewTicker(d.healthTimeout / 3)
 	defer tick.Stop()
+	first, _ := d.health.current()
 	for {
 		snap, changed := d.health.current()
+		if snap.failStream != first.failStream {
+			return fmt.Errorf("the health file asked this stream to fail (failStream %d)", snap.failStream)
+		}
 		if !snap.silent {
 			if err := send(snap.devices); err != nil {
 				if ctx.Err() != nil {

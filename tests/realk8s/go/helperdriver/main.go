@@ -38,6 +38,8 @@ type config struct {
 	devices       int
 	healthFile    string
 	healthTimeout int
+	kubeAPIQPS    float64
+	kubeAPIBurst  int
 }
 
 func (c *config) validate() error {
@@ -56,6 +58,9 @@ func (c *config) validate() error {
 	}
 	if c.devices < 1 {
 		return fmt.Errorf("--devices must be at least 1, not %d", c.devices)
+	}
+	if c.kubeAPIQPS <= 0 || c.kubeAPIBurst < 1 {
+		return fmt.Errorf("--kube-api-qps must be above 0 and --kube-api-burst at least 1")
 	}
 	if c.healthTimeout < 1 {
 		return fmt.Errorf("--health-timeout must be at least 1 (seconds), not %d", c.healthTimeout)
@@ -78,6 +83,10 @@ func run() int {
 	fs.IntVar(&cfg.devices, "devices", 4, "number of devices, gpu-0 .. gpu-<n-1>")
 	fs.StringVar(&cfg.healthFile, "health-file", "", "JSON health of the devices, re-read every 200 ms (required)")
 	fs.IntVar(&cfg.healthTimeout, "health-timeout", 30, "seconds the kubelet trusts a device's health report")
+	// client-go's own defaults; drivers expose them as these flags (a prepare fetches
+	// its claim through this client, so a burst of prepares is held to this rate)
+	fs.Float64Var(&cfg.kubeAPIQPS, "kube-api-qps", 5, "API requests per second the client may make")
+	fs.IntVar(&cfg.kubeAPIBurst, "kube-api-burst", 10, "API requests the client may make at once above the rate")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		return 2
 	}
@@ -111,6 +120,7 @@ func serve(cfg config) error {
 	if err != nil {
 		return fmt.Errorf("--kubeconfig %s: %w", cfg.kubeconfig, err)
 	}
+	restConfig.QPS, restConfig.Burst = float32(cfg.kubeAPIQPS), cfg.kubeAPIBurst
 	client, err := kubernetes.NewForConfig(restConfig)
 	if err != nil {
 		return fmt.Errorf("client for %s: %w", cfg.kubeconfig, err)
