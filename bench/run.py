@@ -24,6 +24,7 @@ import attached_bench
 import driver_bench
 import kmsg_bench
 import pipeline_bench
+import prepare_helper_bench
 import remedy_bench
 
 ROWS: list[tuple[str, str, str, bool]] = []
@@ -69,6 +70,25 @@ async def prepare_rows(quick: bool) -> None:
         f"{pr['writes_per_burst']:.1f}", "-", True)  # fmt: skip
 
 
+async def helper_rows(quick: bool) -> None:
+    """Row 5 on a real kube-apiserver: the sample driver against a driver on the upstream
+    Go helper, each beside its language's no-op servicer (skipped where no release is built)."""
+    r = await prepare_helper_bench.run(rounds=2 if quick else 5)
+    if r is None:
+        return
+    t = r["targets"]
+    for key, name in (("python-noop", "5. real API server, 50 concurrent prepares: Python no-op"),
+                      ("go-noop", "   ... Go no-op (noopdra)"),
+                      ("toolkit", "   ... toolkit sample driver (claim GET, CDI on)"),
+                      ("go-helper", "   ... Go helper driver (claim GET, CDI on)")):  # fmt: skip
+        row(f"{name} p99", f"{t[key]['p99_ms']:.1f} ms (p50 {t[key]['p50_ms']:.1f})", "-", True)
+    ratio = r["ratios"]["toolkit/go-helper"]["p99"]
+    # client-go's default limit (5 requests/s, burst 10) slows the helper's claim GETs
+    throttled = " (helper throttled)" if r["throttle_lines"].get("go-helper") else ""
+    row("   ... toolkit p99 / Go helper p99", f"{ratio:.2f}x{throttled}", "<= 2x the Go helper",
+        ratio <= 2)  # fmt: skip
+
+
 async def main(quick: bool) -> None:
     t0 = time.monotonic()
     print(f"machine: {os.cpu_count()} CPUs, Python {platform.python_version()}, "
@@ -102,6 +122,7 @@ async def main(quick: bool) -> None:
     await prepare_rows(quick)
     enc = encode_ms()
     row("   snapshot encode, 10,000 devices, after a change", f"{enc:.2f} ms", "<= 5 ms", enc <= 5)
+    await helper_rows(quick)
     nodes, pods = (100, 500) if quick else (1000, 5000)
     rm = await remedy_bench.run(nodes, pods, 50)
     row(f"6. pod status Unhealthy -> taint ({nodes} nodes, {pods} pods) p99",

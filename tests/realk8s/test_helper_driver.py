@@ -27,9 +27,11 @@ from typing import Any
 
 import pytest
 from lightkube import AsyncClient
-from lightkube.resources.core_v1 import Pod
+from lightkube.resources.core_v1 import ConfigMap, Event, Pod
 from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
+from drahealth.node._observer import configmap_name
+from tests.e2e.test_agent_e2e import AgentProcess
 from tests.realk8s import test_kubelet as tk
 from tests.realk8s.harness import KUBELET_NODE, Cluster, _main_fresh, bin_dir, minor_of
 from tests.realk8s.node import Kubelet
@@ -273,3 +275,52 @@ async def test_the_kubeletplugin_helper_prepares_and_streams_health_to_the_real_
         assert f"dra-health {other} stream opened" not in driver.output
         rc = await driver.stop()
         assert rc == 0, driver.output
+
+
+async def test_the_observer_beside_the_real_kubelet_follows_the_helper_driver(
+    real_cluster: Cluster, real_kubelet: Kubelet, real_client: AsyncClient, namespace: str,
+    base: str, helper_binary: Path,
+) -> None:  # fmt: skip
+    """drahealth's agent in observer mode runs beside the real kubelet with the Go helper
+    driver: it opens its own health stream to the driver, finds the pod through the
+    kubelet's PodResources, writes the pod's post-mortem record and a DeviceUnhealthy
+    Event, and never writes the pod's status (only the kubelet's manager owns
+    ``allocatedResourcesStatus``)."""
+    name = f"observed-{uuid.uuid4().hex[:6]}"
+    observer = AgentProcess(
+        f"{base}/observer", real_cluster.kubeconfig, "--mode", "observer",
+        "--node-name", KUBELET_NODE, "--registry-dir", real_kubelet.registry_dir,
+        "--podresources-socket", f"{real_kubelet.root_dir}/pod-resources/kubelet.sock",
+        "--podresources-interval", "0.5",
+    )  # fmt: skip
+    async with helper_driver(helper_binary, base, real_cluster, real_kubelet) as driver:
+        await observer.start(timeout=30)
+        try:
+            await tk.place_pod(real_client, name, DEVICE)
+            await tk.until(lambda: tk.health_is(real_client, name, "Healthy"), 90, "Healthy")
+            driver.set_health({DEVICE: {"health": "Unhealthy", "message": "XID 79"}})
+            await tk.until(lambda: with_message(real_client, name, "XID 79"), 60, "Unhealthy")
+
+            async def unhealthy_event() -> bool:
+                events = [e async for e in real_client.list(Event, namespace=NS)]
+                return any(
+                    e.involvedObject.name == name and e.reason == "DeviceUnhealthy" for e in events
+                )
+
+            await tk.until(unhealthy_event, 30, "the observer's DeviceUnhealthy Event")
+
+            async def record() -> list[Any]:
+                cm = await real_client.get(
+                    ConfigMap, configmap_name(KUBELET_NODE), namespace="default"
+                )
+                return list(json.loads((cm.data or {}).get(f"{NS}.{name}", "[]")))
+
+            rows = await tk.until(record, 30, "the observer's record of the pod")
+            assert any("Unhealthy" in json.dumps(r) for r in rows), rows
+            owners = await tk.writers(real_client, name)
+            assert owners.get("containerStatuses") == ["kubelet"], owners
+            driver.set_health({})
+            await tk.until(lambda: tk.health_is(real_client, name, "Healthy"), 60, "Healthy")
+            await tk.remove_pod(real_client, name)
+        finally:
+            await observer.stop()

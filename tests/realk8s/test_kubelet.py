@@ -387,7 +387,7 @@ async def test_an_nvidia_like_driver_under_the_real_kubelet_gets_health_from_the
         # the kubelet's field is the kubelet's alone (it writes Unknown for devices it
         # has no health for once a status sync runs); the observer wrote its condition
         owners = await writers(real_client, name)
-        assert set(owners.get("allocatedResourcesStatus", ())) <= {"kubelet"}, owners
+        assert owners.get("containerStatuses") == ["kubelet"], owners
         assert owners.get("drahealth.io/DeviceHealthy"), owners
         events = [
             e async for e in real_client.list(Event, namespace=NS)
@@ -404,14 +404,20 @@ async def test_an_nvidia_like_driver_under_the_real_kubelet_gets_health_from_the
 
 
 async def writers(client: AsyncClient, name: str) -> dict[str, list[str]]:
-    """Field managers of the pod's status that set ``allocatedResourcesStatus`` or the
-    ``drahealth.io/DeviceHealthy`` condition (from its managedFields)."""
+    """Field managers of the pod's status that wrote its ``containerStatuses`` (where
+    ``allocatedResourcesStatus`` lives) or the ``drahealth.io/DeviceHealthy`` condition
+    (from its managedFields)."""
     pod = (await client.get(Pod, name, namespace=NS)).to_dict()
     found: dict[str, list[str]] = {}
     for m in pod["metadata"].get("managedFields") or []:
         fields = json.dumps(m.get("fieldsV1") or {})
-        for key in ("allocatedResourcesStatus", "drahealth.io/DeviceHealthy"):
-            if key in fields:
+        # containerStatuses is atomic in the server-side apply schema: a manager that
+        # wrote any of it (allocatedResourcesStatus included) owns "f:containerStatuses"
+        for key, mark in (
+            ("containerStatuses", '"f:containerStatuses"'),
+            ("drahealth.io/DeviceHealthy", "drahealth.io/DeviceHealthy"),
+        ):
+            if mark in fields:
                 found.setdefault(key, []).append(str(m.get("manager")))
     return found
 
