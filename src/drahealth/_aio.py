@@ -41,26 +41,20 @@ async def wait_for_stop_signal(signals: Iterable[signal.Signals] = STOP_SIGNALS)
 
 
 async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any] | None]) -> None:
-    """Cancel ``tasks`` (None entries are skipped) and wait until each has ended.
+    """Cancel ``tasks`` (None entries and the calling task itself are skipped) and wait
+    until each has ended.
 
     A task that ends with an exception other than cancellation has it swallowed: the
-    caller is shutting down and the task has logged what it had to say. A cancellation
-    of the caller itself that arrives during the wait is not swallowed: the wait for
-    the tasks still completes (the clean-up is not cut short), then the caller's
-    CancelledError is raised.
+    caller is shutting down and the task has logged what it had to say. So is a
+    cancellation of the caller that arrives during the wait: a clean-up sequence that
+    waits here goes on to its next step (the caller's ``cancelling()`` count still shows
+    it), and the cancellation is passed on to the task being waited for, so one that
+    dropped its first cancel gets another.
     """
-    pending = [t for t in tasks if t is not None]
+    caller = asyncio.current_task()
+    pending = [t for t in dict.fromkeys(tasks) if t is not None and t is not caller]
     for task in pending:
         task.cancel()
-    interrupted: asyncio.CancelledError | None = None
-    while not all(task.done() for task in pending):
-        try:
-            # wait, unlike await, does not pass a cancellation of the caller on to them
-            await asyncio.wait(pending)
-        except asyncio.CancelledError as exc:
-            interrupted = exc
     for task in pending:
-        if not task.cancelled():
-            task.exception()  # retrieved: the task has logged what it had to say
-    if interrupted is not None:
-        raise interrupted
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task

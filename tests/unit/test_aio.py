@@ -43,35 +43,6 @@ async def test_cancel_and_wait_swallows_the_tasks_own_endings() -> None:
     assert failing.done()
 
 
-async def test_cancel_and_wait_keeps_a_cancellation_of_the_caller() -> None:
-    """The caller cancelled while it waits for a slow clean-up: the clean-up still
-    completes, then the caller's cancellation is raised, not swallowed."""
-    cleaned = asyncio.Event()
-
-    async def slow_cleanup() -> None:
-        try:
-            await asyncio.sleep(60)
-        finally:
-            await asyncio.sleep(0.2)
-            cleaned.set()
-
-    worker = asyncio.create_task(slow_cleanup())
-    await asyncio.sleep(0)
-
-    async def stopper() -> str:
-        await cancel_and_wait([worker])
-        await asyncio.sleep(0.5)
-        return "went on after a cancellation"
-
-    caller = asyncio.create_task(stopper())
-    await asyncio.sleep(0.05)
-    caller.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await caller
-    assert cleaned.is_set()
-    assert worker.done()
-
-
 async def test_timeout_keeps_a_cancellation_that_meets_a_result() -> None:
     """Why src/ never uses asyncio.wait_for: on 3.11 it drops a cancellation that
     arrives in the step its awaitable finishes; asyncio.timeout keeps it."""

@@ -312,8 +312,11 @@ def add_health_servicers(fanout: StreamFanout, server: grpc.aio.Server) -> None:
             """One ``NodeWatchResources`` stream of ``version``."""
             mailbox = await _open(fanout, context)
             fanout.opened[version] += 1
-            # which version a kubelet subscribed on: 1.34-1.36 only know v1alpha1
-            log.info("dra-health %s stream opened (%d open)", version, len(fanout.mailboxes))
+            # which version a kubelet subscribed on (1.34-1.36 only know v1alpha1): the
+            # first stream of each version at info, the rest (reconnects) at debug, so a
+            # client reconnecting in a loop cannot flood the log
+            level = logging.INFO if fanout.opened[version] == 1 else logging.DEBUG
+            log.log(level, "dra-health %s stream opened (%d open)", version, len(fanout.mailboxes))
             try:
                 while (snap := await mailbox.next()) is not None:
                     yield snap.encoded()

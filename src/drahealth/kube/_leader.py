@@ -228,7 +228,12 @@ class LeaderElector:
         if self.client_factory is None:
             await self._renew(since, self.client)
             return
-        await _on_own_thread(self._renew_with_own_client, since, f"renew-{self.name}")
+        # a repeated stop request waits out the work's own bounded clean-up (closing its
+        # client takes up to retry_period) before it is sent
+        await _on_own_thread(
+            self._renew_with_own_client, since, f"renew-{self.name}",
+            repeat=self.retry_period + 1.0,
+        )  # fmt: skip
 
     async def _renew_with_own_client(self, since: float) -> None:
         assert self.client_factory is not None
@@ -383,11 +388,17 @@ class LeaderElector:
         return f"{self.namespace}/{self.name}"
 
 
-#: Seconds between repeated cancellations of work on its own thread.
-_CANCEL_REPEAT = 0.5
+#: Seconds between repeated cancellations of work on its own thread (default).
+_CANCEL_REPEAT = 5.0
 
 
-async def _on_own_thread(work: Callable[[float], Awaitable[None]], arg: float, name: str) -> None:
+async def _on_own_thread(
+    work: Callable[[float], Awaitable[None]],
+    arg: float,
+    name: str,
+    *,
+    repeat: float = _CANCEL_REPEAT,
+) -> None:
     """Run ``work(arg)`` in a fresh event loop on a new thread; await its end here.
 
     Cancelling the caller cancels the work on its loop and waits for the thread to
@@ -429,14 +440,24 @@ async def _on_own_thread(work: Callable[[float], Awaitable[None]], arg: float, n
     thread.start()
     try:
         await asyncio.shield(finished)
-    except asyncio.CancelledError:
-        await asyncio.to_thread(ready.wait)
-        other, task = inner.get("loop"), inner.get("task")
-        while thread.is_alive():
-            if other is not None and task is not None:
-                with contextlib.suppress(RuntimeError):  # already finished and closed
-                    other.call_soon_threadsafe(task.cancel)
-            # asked again until the thread ends: one request can be lost where the work
-            # swallows a cancellation that met a result in the same step
-            await asyncio.to_thread(thread.join, _CANCEL_REPEAT)
-        raise
+    except asyncio.CancelledError as exc:
+        asked: asyncio.CancelledError = exc
+        other, task = None, None
+        # the thread ends before this returns, whatever else is asked meanwhile: a second
+        # cancellation of the caller is noted, not a reason to leave the work running
+        while True:
+            try:
+                if other is None:
+                    await asyncio.to_thread(ready.wait)
+                    other, task = inner.get("loop"), inner.get("task")
+                if not thread.is_alive():
+                    break
+                if other is not None and task is not None:
+                    with contextlib.suppress(RuntimeError):  # already finished and closed
+                        other.call_soon_threadsafe(task.cancel)
+                # asked again after ``repeat`` seconds: one request can be lost where the
+                # work swallows a cancellation that met a result in the same step
+                await asyncio.to_thread(thread.join, repeat)
+            except asyncio.CancelledError as again:
+                asked = again
+        raise asked from None

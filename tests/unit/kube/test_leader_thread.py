@@ -31,7 +31,7 @@ async def test_work_that_drops_a_cancellation_is_asked_again_until_it_ends() -> 
                     raise
                 dropped.set()  # the first request is lost, as the 3.11 race lost it
 
-    caller = asyncio.create_task(_on_own_thread(stubborn, 0.01, "renew-test"))
+    caller = asyncio.create_task(_on_own_thread(stubborn, 0.01, "renew-test", repeat=0.5))
     await asyncio.sleep(0.2)
     assert rounds
     caller.cancel()
