@@ -242,11 +242,13 @@ func main() { etcdmain.Main(os.Args) }
 """
 
 
-def _main_digest(name: str) -> str:
-    """sha256 of a test-tree Go main's sources (file names and contents)."""
+def _main_digest(name: str, root: Path | None = None) -> str:
+    """sha256 of a test-tree Go main's sources (file names and contents) under ``root``
+    (the test tree by default)."""
+    root = root or GO_TREE
     digest = hashlib.sha256()
-    for path in sorted((GO_TREE / name).rglob("*.go")):
-        digest.update(path.relative_to(GO_TREE / name).as_posix().encode() + b"\0")
+    for path in sorted((root / name).rglob("*.go")):
+        digest.update(path.relative_to(root / name).as_posix().encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()
 
@@ -318,8 +320,8 @@ def build(version: str, *, say: Any = print) -> Path:
             cwd=src, env=env, timeout=BUILD_TIMEOUT_S, what=f"building {name} {version}",
         )  # fmt: skip
         os.replace(bins / f"{name}.partial", bins / name)
-        if name in TEST_MAINS:
-            (bins / f"{name}.sha256").write_text(_main_digest(name) + "\n")
+        if name in TEST_MAINS:  # of the copy built, not of a tree edited meanwhile
+            (bins / f"{name}.sha256").write_text(_main_digest(name, src / "cmd") + "\n")
         say(f"{version}: {name} built in {time.monotonic() - t1:.0f} s")
     (bins / "BUILT").write_text(
         json.dumps({"version": version, "seconds": round(time.monotonic() - t0)}) + "\n"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -107,8 +108,9 @@ class Kubelet:
             raise HarnessError(f"no kubelet recorded in {directory} (no node.json)") from exc
         except (OSError, ValueError, TypeError) as exc:
             raise HarnessError(f"{path} is not a kubelet record: {exc}") from exc
-        if not all(isinstance(p, int) and not isinstance(p, bool) and p > 1
-                   for p in node.pids.values()):  # fmt: skip
+        if not isinstance(node.pids, dict) or not all(
+            isinstance(p, int) and not isinstance(p, bool) and p > 1 for p in node.pids.values()
+        ):
             raise HarnessError(f"{path} is not a kubelet record: pids {node.pids!r}")
         return node
 
@@ -265,17 +267,39 @@ def restart_kubelet(node: Kubelet, cluster: Cluster) -> None:
 
 
 def processes_under(directory: str) -> dict[int, str]:
-    """Processes whose command line names a path inside ``directory`` (pid -> program)."""
+    """Processes with an argument (or a ``--flag=`` value) that is a path inside
+    ``directory`` (pid -> program), this process and its ancestors left out (a command
+    line that started the harness may name the directory too)."""
     where = os.fsencode(str(Path(directory).resolve()) + os.sep)
+    mine = _ancestors()
     found: dict[int, str] = {}
     for proc in Path("/proc").glob("[0-9]*"):
         try:
-            argv = (proc / "cmdline").read_bytes()
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if where in argv and int(proc.name) != os.getpid():
-            found[int(proc.name)] = os.fsdecode(argv.split(b"\0")[0])
+        if int(proc.name) in mine:
+            continue
+        for arg in argv[1:]:
+            value = arg.partition(b"=")[2] if arg.startswith(b"-") else arg
+            if value.startswith(where):
+                found[int(proc.name)] = os.fsdecode(argv[0])
+                break
     return found
+
+
+def _ancestors() -> set[int]:
+    """This process and the chain of its parents (as far as /proc tells)."""
+    chain, pid = {os.getpid()}, os.getppid()
+    while pid > 1 and pid not in chain:
+        chain.add(pid)
+        try:
+            status = (Path("/proc") / str(pid) / "status").read_text()
+        except OSError:
+            break
+        ppid = [ln.split()[1] for ln in status.splitlines() if ln.startswith("PPid:")]
+        pid = int(ppid[0]) if ppid and ppid[0].isdigit() else 0
+    return chain
 
 
 def node_down(node: Kubelet, *, remove: bool = False) -> None:
@@ -301,13 +325,19 @@ def mounts_under(directory: str) -> list[str]:
     """Mount points at or under ``directory``, in the order they were mounted."""
     where = str(Path(directory).resolve())
     try:
-        lines = Path("/proc/self/mounts").read_text().splitlines()
+        lines = Path("/proc/self/mounts").read_bytes().splitlines()
     except OSError:
         return []
+    # the kernel writes a space, tab, newline and backslash in a path as \ooo (octal)
     points = [
-        ln.split()[1].encode().decode("unicode_escape") for ln in lines if len(ln.split()) > 1
+        os.fsdecode(_OCTAL.sub(lambda m: bytes([int(m.group(1), 8)]), ln.split()[1]))
+        for ln in lines
+        if len(ln.split()) > 1
     ]
     return [m for m in points if m == where or m.startswith(where + os.sep)]
+
+
+_OCTAL = re.compile(rb"\\([0-7]{3})")
 
 
 @contextlib.contextmanager

@@ -144,12 +144,22 @@ async def place_pod(
         namespace=NS,
         patch_type=PatchType.MERGE,
     )
-    # the kubelet tried the pod before the claim was reserved for it and now waits for
-    # its next resync; a change of the pod makes it try again at once
-    await client.patch(
-        Pod, name, {"metadata": {"annotations": {"drahealth.test/reserved": "true"}}},
-        namespace=NS, patch_type=PatchType.MERGE,
-    )  # fmt: skip
+    # the kubelet tried the pod before the claim was reserved for it (or before the
+    # driver's registration reached it) and now waits for its next resync, a minute
+    # away; a change of the pod makes it try again at once, so one is made every 2 s
+    # until the pod runs
+    t0 = time.monotonic()
+    for nudge in range(45):
+        await client.patch(
+            Pod, name, {"metadata": {"annotations": {"drahealth.test/nudge": str(nudge)}}},
+            namespace=NS, patch_type=PatchType.MERGE,
+        )  # fmt: skip
+        for _ in range(20):
+            found = await client.get(Pod, name, namespace=NS)
+            if found.status is not None and found.status.phase == "Running":
+                return
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"pod {name} not Running after {time.monotonic() - t0:.0f} s")
 
 
 async def remove_pod(client: AsyncClient, name: str) -> None:
