@@ -47,7 +47,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 
 #: The patch release built for each minor, as the Go module proxy serves them.
 RELEASES: dict[str, str] = {
@@ -369,9 +369,54 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class _Record:
+    """What a started part of the harness records in its directory (its processes,
+    ports and files) so that another command can find and stop it: :meth:`save`,
+    :meth:`load` (a record cut short, edited or not this harness's is a
+    :class:`HarnessError` in one line), :meth:`running`, :meth:`log`."""
+
+    #: The record's file in the directory, and what the messages call the part.
+    RECORD: ClassVar[str]
+    WHAT: ClassVar[str]
+    dir: str
+    pids: dict[str, int]
+
+    def save(self) -> None:
+        (Path(self.dir) / self.RECORD).write_text(json.dumps(asdict(self), indent=1))
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Self:
+        path = Path(directory) / cls.RECORD
+        try:
+            record = cls(**json.loads(path.read_text()))
+        except FileNotFoundError as exc:
+            raise HarnessError(f"no {cls.WHAT} recorded in {directory} (no {cls.RECORD})") from (
+                exc
+            )
+        except (OSError, ValueError, TypeError) as exc:  # cut short, edited, not ours
+            detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            raise HarnessError(f"{path} is not a {cls.WHAT} record: {detail}") from exc
+        if not isinstance(record.pids, dict) or not all(
+            isinstance(p, int) and not isinstance(p, bool) and p > 1 for p in record.pids.values()
+        ):
+            raise HarnessError(f"{path} is not a {cls.WHAT} record: pids {record.pids!r}")
+        return record
+
+    def running(self) -> dict[str, int]:
+        """The recorded processes still running as this part's (a pid the system gave
+        to another process since is not one of them)."""
+        return {n: p for n, p in self.pids.items() if _is_component(p, n, self.dir)}
+
+    def log(self, component: str) -> Path:
+        return Path(self.dir) / "logs" / f"{component}.log"
+
+
 @dataclass
-class Cluster:
+class Cluster(_Record):
     """A started control plane: where it listens, its files, its processes."""
+
+    RECORD: ClassVar[str] = "cluster.json"
+    WHAT: ClassVar[str] = "control plane"
 
     version: str
     gates: str
@@ -386,35 +431,6 @@ class Cluster:
     @property
     def ca_file(self) -> str:
         return str(Path(self.dir) / "pki" / "ca.crt")
-
-    def save(self) -> None:
-        (Path(self.dir) / "cluster.json").write_text(json.dumps(asdict(self), indent=1))
-
-    @classmethod
-    def load(cls, directory: str | Path) -> Cluster:
-        path = Path(directory) / "cluster.json"
-        try:
-            cluster = cls(**json.loads(path.read_text()))
-        except FileNotFoundError as exc:
-            raise HarnessError(f"no control plane recorded in {directory} (no cluster.json)") from (
-                exc
-            )
-        except (OSError, ValueError, TypeError) as exc:  # cut short, edited, not ours
-            detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-            raise HarnessError(f"{path} is not a control plane record: {detail}") from exc
-        if not isinstance(cluster.pids, dict) or not all(
-            isinstance(p, int) and not isinstance(p, bool) and p > 1 for p in cluster.pids.values()
-        ):
-            raise HarnessError(f"{path} is not a control plane record: pids {cluster.pids!r}")
-        return cluster
-
-    def running(self) -> dict[str, int]:
-        """The recorded processes still running as this control plane's (a pid the system
-        gave to another process since is not one of them)."""
-        return {n: p for n, p in self.pids.items() if _is_component(p, n, self.dir)}
-
-    def log(self, component: str) -> Path:
-        return Path(self.dir) / "logs" / f"{component}.log"
 
 
 def gates_for(version: str, gates: str) -> tuple[dict[str, bool], list[str]]:

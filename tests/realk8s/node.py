@@ -33,9 +33,9 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from tests.realk8s.harness import (
     KUBELET_NODE,
@@ -44,8 +44,8 @@ from tests.realk8s.harness import (
     Cluster,
     HarnessError,
     _get,
-    _is_component,
     _kubeconfig,
+    _Record,
     _start,
     _stop_pids,
     _wait_ready,
@@ -60,8 +60,11 @@ KUBELET_TOKEN = next(t for t, user, _uid, _g in TOKENS if user == f"system:node:
 
 
 @dataclass
-class Kubelet:
+class Kubelet(_Record):
     """A started node: its directories, its processes, its ports."""
+
+    RECORD: ClassVar[str] = "node.json"
+    WHAT: ClassVar[str] = "kubelet"
 
     version: str
     cluster_dir: str
@@ -92,30 +95,6 @@ class Kubelet:
     @property
     def cri_endpoint(self) -> str:
         return f"unix://{Path(self.dir) / 'cri.sock'}"
-
-    def log(self, component: str) -> Path:
-        return Path(self.dir) / "logs" / f"{component}.log"
-
-    def save(self) -> None:
-        (Path(self.dir) / "node.json").write_text(json.dumps(asdict(self), indent=1))
-
-    @classmethod
-    def load(cls, directory: str | Path) -> Kubelet:
-        path = Path(directory) / "node.json"
-        try:
-            node = cls(**json.loads(path.read_text()))
-        except FileNotFoundError as exc:
-            raise HarnessError(f"no kubelet recorded in {directory} (no node.json)") from exc
-        except (OSError, ValueError, TypeError) as exc:
-            raise HarnessError(f"{path} is not a kubelet record: {exc}") from exc
-        if not isinstance(node.pids, dict) or not all(
-            isinstance(p, int) and not isinstance(p, bool) and p > 1 for p in node.pids.values()
-        ):
-            raise HarnessError(f"{path} is not a kubelet record: pids {node.pids!r}")
-        return node
-
-    def running(self) -> dict[str, int]:
-        return {n: p for n, p in self.pids.items() if _is_component(p, n, self.dir)}
 
 
 def kubelet_config(node: Kubelet, gates: Mapping[str, bool]) -> dict[str, Any]:
