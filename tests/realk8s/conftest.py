@@ -24,6 +24,7 @@ from drahealth.kube import make_client
 from tests.realk8s.harness import Cluster, HarnessError, down, not_built_reason, resolve_version
 from tests.realk8s.harness import up as start
 from tests.realk8s.node import Kubelet, kubelet_not_built_reason, node_down, node_up
+from tests.realk8s.required import skip_unless_built
 
 
 @pytest.fixture(scope="session")
@@ -40,11 +41,7 @@ def real_cluster() -> Iterator[Cluster]:
         return
     version = resolve_version(None)
     gates = os.environ.get("DRAHEALTH_K8S_GATES", "default")
-    reason = not_built_reason(version)
-    if reason is not None:
-        if os.environ.get("DRAHEALTH_REALK8S_REQUIRED") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
+    skip_unless_built(not_built_reason(version))
     directory = tempfile.mkdtemp(prefix=f"realk8s-{version}-", dir="/tmp")
     try:
         cluster = start(version, directory, gates=gates, say=lambda _m: None)
@@ -67,11 +64,7 @@ def real_kubelet(real_cluster: Cluster) -> Iterator[Kubelet]:
         if node.running():
             yield node
             return
-    reason = kubelet_not_built_reason(real_cluster.version)
-    if reason is not None:
-        if os.environ.get("DRAHEALTH_REALK8S_REQUIRED") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
+    skip_unless_built(kubelet_not_built_reason(real_cluster.version))
     directory = tempfile.mkdtemp(prefix="realk8s-node-", dir="/tmp")
     try:
         node = node_up(real_cluster, directory, say=lambda _m: None)

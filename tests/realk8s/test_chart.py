@@ -71,6 +71,7 @@ from tests.integration.node.test_observer import FakeKubelet
 from tests.integration.node.test_observer import pod as podresources_entry
 from tests.realk8s.harness import RELEASES, Cluster, _kubeconfig, bin_dir
 from tests.realk8s.helm import helm_path, not_built_reason
+from tests.realk8s.required import skip_unless_built
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.timeout(300)]
 
@@ -170,11 +171,7 @@ def say(cluster_version: str, step: str, seconds: float) -> None:
 
 @pytest.fixture(scope="module")
 def helm_home() -> Iterator[Path]:
-    reason = not_built_reason()
-    if reason is not None:
-        if os.environ.get("DRAHEALTH_REALK8S_REQUIRED") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
+    skip_unless_built(not_built_reason())
     home = Path(tempfile.mkdtemp(prefix="helm-", dir="/tmp"))
     try:
         yield home

@@ -35,6 +35,7 @@ from tests.e2e.test_agent_e2e import AgentProcess
 from tests.realk8s import test_kubelet as tk
 from tests.realk8s.harness import KUBELET_NODE, Cluster, _main_fresh, bin_dir, minor_of
 from tests.realk8s.node import Kubelet
+from tests.realk8s.required import skip_unless_built
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.timeout(300)]
 
@@ -62,11 +63,7 @@ def helperdriver_missing(version: str) -> str | None:
 
 @pytest.fixture
 def helper_binary(real_kubelet: Kubelet) -> Path:
-    reason = helperdriver_missing(real_kubelet.version)
-    if reason is not None:
-        if os.environ.get("DRAHEALTH_REALK8S_REQUIRED") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
+    skip_unless_built(helperdriver_missing(real_kubelet.version))
     return bin_dir(real_kubelet.version) / "helperdriver"
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -34,6 +33,7 @@ from tests.e2e.test_agent_e2e import AgentProcess
 from tests.integration.driver.test_sample_driver import DriverProcess, inject
 from tests.realk8s.harness import KUBELET_NODE, Cluster, bin_dir
 from tests.realk8s.node import Kubelet, restart_kubelet
+from tests.realk8s.required import skip_unless_built
 from tests.realk8s.test_helper_driver import HelperDriver, helperdriver_missing
 from tests.realk8s.test_kubelet import base, entry, namespace, place_pod, remove_pod
 
@@ -333,11 +333,7 @@ async def test_the_same_fault_script_on_the_real_kubelet_and_on_the_agent(
     namespace: str, base: str,
 ) -> None:  # fmt: skip
     if kind == "helper":
-        reason = helperdriver_missing(real_cluster.version)
-        if reason is not None:
-            if os.environ.get("DRAHEALTH_REALK8S_REQUIRED") == "1":
-                pytest.fail(reason)
-            pytest.skip(reason)
+        skip_unless_built(helperdriver_missing(real_cluster.version))
 
     async def restart_real() -> None:
         await asyncio.to_thread(restart_kubelet, real_kubelet, real_cluster)
