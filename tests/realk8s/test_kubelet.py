@@ -17,12 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
 import sys
-import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +36,9 @@ from tests.e2e.test_agent_e2e import AgentProcess
 from tests.integration.driver.test_sample_driver import DriverProcess, inject
 from tests.realk8s.harness import KUBELET_NODE, Cluster, minor_of
 from tests.realk8s.node import Kubelet
+from tests.realk8s.test_story import base, until
+
+__all__ = ["base", "until"]  # the scratch directory and the wait, shared with the story
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.timeout(300)]
 
@@ -45,34 +46,8 @@ DRIVER = "gpu.example.com"
 NS = "kubelet-health"
 
 
-async def until(check: Callable[[], Awaitable[Any]], within: float, what: str) -> Any:
-    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
-    t0 = time.monotonic()
-    last: Any = None
-    while True:
-        try:
-            value = await check()
-            if value:
-                return value
-            last = value
-        except (ApiError, KeyError, AttributeError, TypeError, IndexError) as exc:
-            last = exc
-        if time.monotonic() - t0 > within:
-            raise AssertionError(f"timed out after {within:.0f} s waiting for {what} ({last!r})")
-        await asyncio.sleep(0.1)
-
-
 def say(node: Kubelet, step: str, seconds: float) -> None:
     print(f"\nkubelet {node.version}: {step} {seconds:.2f} s")
-
-
-@pytest.fixture
-def base() -> Iterator[str]:
-    d = tempfile.mkdtemp(dir="/tmp", prefix="rkl-")
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 @contextlib.asynccontextmanager

@@ -10,8 +10,8 @@ Every step changes what the driver reports (or restarts something), then both po
 both or its deadline passes. The suite prints the table: per step, the sequence each side
 went through with the seconds each value appeared at, and the verdict. A step whose
 outcome differs fails the test unless :data:`IMPROVEMENTS` explains it; a difference of
-timing only is reported (``faster``/``slower``), and fails where the agent is slower by
-more than :data:`SLOWER_OK` seconds.
+timing only is reported (``agent N s sooner``/``later``), and fails where the agent is
+later by more than :data:`SLOWER_OK` seconds.
 """
 
 from __future__ import annotations

@@ -52,12 +52,13 @@ RULES_VERSION = {
 async def until(check: Callable[[], Awaitable[Any]], within: float, what: str) -> Any:
     """Poll ``check`` until it returns something truthy; fail naming ``what``."""
     t0 = time.monotonic()
-    last: BaseException | None = None
+    last: Any = None  # the last error, or the last answer that was not yet it
     while True:
         try:
             value = await check()
             if value:
                 return value
+            last = value
         except (ApiError, KeyError, AttributeError, TypeError) as exc:
             last = exc
         if time.monotonic() - t0 > within:
