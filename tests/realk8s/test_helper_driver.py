@@ -290,6 +290,7 @@ async def test_the_observer_beside_the_real_kubelet_follows_the_helper_driver(
         "--podresources-socket", f"{real_kubelet.root_dir}/pod-resources/kubelet.sock",
         "--podresources-interval", "0.5",
     )  # fmt: skip
+    observer.args[:0] = ["--log-level", "info"]  # the log says what it saw when this fails
     async with helper_driver(helper_binary, base, real_cluster, real_kubelet) as driver:
         await observer.start(timeout=30)
         try:
@@ -304,7 +305,10 @@ async def test_the_observer_beside_the_real_kubelet_follows_the_helper_driver(
                     e.involvedObject.name == name and e.reason == "DeviceUnhealthy" for e in events
                 )
 
-            await tk.until(unhealthy_event, 30, "the observer's DeviceUnhealthy Event")
+            try:
+                await tk.until(unhealthy_event, 30, "the observer's DeviceUnhealthy Event")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\nobserver log:\n{observer.output[-8000:]}") from None
 
             async def record() -> list[Any]:
                 cm = await real_client.get(

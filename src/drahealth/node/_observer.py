@@ -34,7 +34,7 @@ from lightkube.types import PatchType
 from drahealth import api
 from drahealth._aio import cancel_and_wait
 from drahealth._time import now_rfc3339
-from drahealth.core import DeviceKey, HealthChange
+from drahealth.core import ChangeReason, DeviceKey, Health, HealthChange
 from drahealth.kube import is_not_found, write_configmap_data
 from drahealth.node._events import (
     EventRecorder,
@@ -186,8 +186,33 @@ class ObserverMode:
         self.lists += 1
         self.list_errors = 0
         self.last_error = None
+        known = self.map.live.keys() | self.map.tombstones.keys()
         self.map.replace(resp)
         await self._resolve_uids()
+        self._record_arrivals([ref for ref in self.map.live if ref not in known])
+
+    def _record_arrivals(self, arrivals: list[PodRef]) -> None:
+        """Record pods that first show up on a device that is already Unhealthy.
+
+        A health report reaches the observer at once, the pod list only at the next
+        ``List``: a pod that starts on a failed device, or whose device failed between
+        two polls, would otherwise get no Event and no record. Such a pod gets the
+        transition from Unknown (it had no device health before), unless its record
+        already ends with the same health and message for that device (an agent
+        restart reads the records back).
+        """
+        stamp = now_rfc3339()
+        for ref in sorted(arrivals):
+            for key, claim in sorted(self.map.live[ref].items()):
+                health, message = self.pipeline.cache.get(key.driver, key.pool, key.device)
+                if health is not Health.UNHEALTHY:
+                    continue
+                rows = self.records.get(f"{ref.namespace}.{ref.name}", [])
+                last = next((r for r in reversed(rows) if r.get("device") == str(key)), None)
+                if last and last.get("health") == health.value and last.get("message") == message:
+                    continue
+                change = HealthChange(key, Health.UNKNOWN, health, message, ChangeReason.REPORT)
+                self._record(ref, claim, False, change, stamp)
 
     async def _resolve_uids(self) -> None:
         """Look up the UID of each live pod that uses a device and has none known yet."""
@@ -226,27 +251,33 @@ class ObserverMode:
             if change.old is change.new and change.reason != "report":
                 continue
             for ref, claim, ended in self.map.pods_for(change.key):
-                record = {
-                    "time": stamp,
-                    "device": str(change.key),
-                    "claim": claim,
-                    "from": change.old.value,
-                    "health": change.new.value,
-                    "message": change.message,
-                    "podEnded": ended,
-                }
-                key = f"{ref.namespace}.{ref.name}"
-                rows = self.records.pop(key, [])
-                self.records[key] = rows  # now the most recently changed
-                rows.append(record)
-                del rows[:-RECORDS_PER_POD]
-                self._evicted.discard(key)
-                self._dirty.set()
-                if change.old is not change.new:
-                    meta = {"name": ref.name, "namespace": ref.namespace}
-                    if ref in self.uids:
-                        meta["uid"] = self.uids[ref]
-                    self.events.device_health({"metadata": meta}, change)
+                self._record(ref, claim, ended, change, stamp)
+
+    def _record(
+        self, ref: PodRef, claim: str, ended: bool, change: HealthChange, stamp: str
+    ) -> None:
+        """Append ``change`` to the pod's record; a transition also gets an Event."""
+        record = {
+            "time": stamp,
+            "device": str(change.key),
+            "claim": claim,
+            "from": change.old.value,
+            "health": change.new.value,
+            "message": change.message,
+            "podEnded": ended,
+        }
+        key = f"{ref.namespace}.{ref.name}"
+        rows = self.records.pop(key, [])
+        self.records[key] = rows  # now the most recently changed
+        rows.append(record)
+        del rows[:-RECORDS_PER_POD]
+        self._evicted.discard(key)
+        self._dirty.set()
+        if change.old is not change.new:
+            meta = {"name": ref.name, "namespace": ref.namespace}
+            if ref in self.uids:
+                meta["uid"] = self.uids[ref]
+            self.events.device_health({"metadata": meta}, change)
 
     def _encoded(self) -> dict[str, str]:
         """The ConfigMap data, after evicting the least recently changed pods past the bounds."""

@@ -20,7 +20,7 @@ from lightkube.resources.core_v1 import ConfigMap, Event, Pod
 
 from drahealth import api
 from drahealth.core import DeviceKey, Health
-from drahealth.core._records import ChangeReason, HealthChange
+from drahealth.core._records import ChangeReason, HealthChange, ReportedDevice
 from drahealth.node import _observer
 from drahealth.node._agent import AgentConfig
 from drahealth.node._events import EventRecorder
@@ -311,3 +311,51 @@ async def test_records_survive_a_restart_and_evicted_pods_leave_the_configmap(
     rows = json.loads(data["default.new"])
     assert [r["message"] for r in rows] == ["before", "fixed"]
     assert rows[-1]["podEnded"] is False and rows[-1]["claim"] == "gpu"
+
+
+async def test_a_pod_that_appears_on_an_unhealthy_device_gets_its_event_once(
+    kube: AsyncClient, base: str, kubelet: tuple[FakeKubelet, str]
+) -> None:
+    """The report reaches the observer before the pod list does (a pod that starts on a
+    failed device, or whose device fails between two polls): the pod still gets its
+    Event and record when it first shows up, and a restarted observer that reads the
+    record back does not add it again."""
+    fake, podres = kubelet
+    await make_pod(kube, "late", ["gpu-0"])
+    config = AgentConfig(
+        NODE, f"{base}/reg", f"{base}/agent", mode="observer",
+        podresources_socket=podres, podresources_interval=60,
+    )  # fmt: skip
+    unhealthy = [ReportedDevice(NODE, "gpu-0", Health.UNHEALTHY, "XID 48")]
+    healthy_other = [ReportedDevice(NODE, "gpu-1", Health.HEALTHY, "")]
+
+    async def run_once() -> list[dict[str, Any]]:
+        pipeline = HealthPipeline(None)
+        mode = ObserverMode(config, kube, pipeline, EventRecorder(kube, NODE))
+        await mode.start()
+        try:
+            before = list(mode.records.get("default.late", []))  # read back at a restart
+            pipeline.report(DRIVER, unhealthy + healthy_other)  # nobody on gpu-0 yet
+            assert mode.records.get("default.late", []) == before
+            fake.pods = [pod("late", GPU0, (DRIVER, NODE, "gpu-1"), ns="default")]
+            await mode.refresh()
+            await mode.refresh()  # still there: not an arrival any more
+            return list(mode.records.get("default.late", []))
+        finally:
+            await mode.stop()
+            fake.pods = []
+
+    rows = await run_once()
+    assert [(r["device"], r["from"], r["health"], r["message"]) for r in rows] == [
+        (str(KEY0), "Unknown", "Unhealthy", "XID 48")  # gpu-1 is Healthy: nothing to say
+    ]
+    events = [
+        e
+        async for e in kube.list(Event, namespace="default")
+        if e.reason == "DeviceUnhealthy" and e.involvedObject.name == "late"
+    ]
+    assert len(events) == 1 and events[0].message == f"device {KEY0} is Unhealthy: XID 48"
+    assert events[0].involvedObject.uid
+    assert len(await run_once()) == 1  # the restart read it back: no second row
+    saved = await records(kube, "default.late")
+    assert [r["message"] for r in saved] == ["XID 48"]
