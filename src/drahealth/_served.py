@@ -32,6 +32,7 @@ __all__ = [
 #: What remediation does in each mode, for "...; remediation uses node taints".
 MODE_PHRASES: dict[str, str] = {
     "taint-rules": "remediation uses DeviceTaintRules",
+    "quarantine": "remediation fences each bad device with a quarantine ResourceClaim",
     "node-taint": "remediation uses node taints",
     "cordon": "remediation cordons nodes",
     "evict-only": "remediation only evicts pods",
@@ -48,7 +49,9 @@ def plural(kind: str) -> str:
 
 def auto_mode(served: ServedAPIs) -> tuple[str, str]:
     """(mode, why) that remediation mode ``auto`` chooses against ``served``."""
-    return choose_remediation_mode("auto", served.chosen("DeviceTaintRule"))
+    return choose_remediation_mode(
+        "auto", served.chosen("DeviceTaintRule"), claims_v1=served.chosen("ResourceClaim") == "v1"
+    )
 
 
 def not_served_note(kind: str, served: ServedAPIs, mode: str | None = None) -> str:
@@ -60,7 +63,7 @@ def not_served_note(kind: str, served: ServedAPIs, mode: str | None = None) -> s
     note = f"{plural(kind)}: not served by this server ({reason})"
     if kind == "DeviceTaintRule":
         if mode not in MODE_PHRASES:  # no controller recorded one: what auto would do
-            mode = choose_remediation_mode("auto", None)[0]
+            mode = auto_mode(served)[0]
         note += f"; {MODE_PHRASES[mode]}"
     return note
 

@@ -65,7 +65,8 @@ __all__ = ["controller_command"]
     type=click.Choice(REMEDIATION_MODES),
     default=None,
     help="How wanted taints are carried out [default: the policy's remediation.mode, auto]: "
-    "auto uses DeviceTaintRules where served, else the policy's fallback (node-taint).",
+    "auto uses DeviceTaintRules where served, else the policy's fallback (quarantine: a "
+    "claim per bad device).",
 )
 @METRICS_HOST
 def controller_command(

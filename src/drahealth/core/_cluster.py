@@ -597,6 +597,10 @@ class ClusterModel:
                     out.add(Consumer(*who, claim_key[1], request, special))
         return sorted(out)
 
+    def claims_holding(self, key: DeviceKey) -> list[ObjKey]:
+        """(namespace, name) of every claim whose allocation holds the device, sorted."""
+        return sorted(self._device_claims.get(key, ()))
+
     def taints(self, key: DeviceKey) -> list[DeviceTaint]:
         """Rule taints (by rule name) then slice taints on the device."""
         out: list[DeviceTaint] = []

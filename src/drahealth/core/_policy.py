@@ -327,7 +327,7 @@ class Policy:
     #: One of ``REMEDIATION_MODES`` (``auto``: DeviceTaintRules where served).
     remediation_mode: str = "auto"
     #: What ``auto`` does where no DeviceTaintRule API is served (a mode without rules).
-    remediation_fallback: str = "node-taint"
+    remediation_fallback: str = "quarantine"
     #: The Node condition and optional node taint a node's device health adds up to.
     node_rollup: NodeRollupPolicy = field(default_factory=NodeRollupPolicy)
     #: The burn-in gate for new and repaired devices (None: none).

@@ -322,11 +322,12 @@ def choose_version(served: Iterable[str]) -> str | None:
 # -- remediation modes ----------------------------------------------------------------
 
 RemediationMode = Literal[
-    "auto", "taint-rules", "node-taint", "cordon", "evict-only", "report-only"
+    "auto", "taint-rules", "quarantine", "node-taint", "cordon", "evict-only", "report-only"
 ]
 REMEDIATION_MODES: tuple[str, ...] = (
     "auto",
     "taint-rules",
+    "quarantine",
     "node-taint",
     "cordon",
     "evict-only",
@@ -335,12 +336,19 @@ REMEDIATION_MODES: tuple[str, ...] = (
 
 
 def choose_remediation_mode(
-    requested: str, rules_version: str | None, *, fallback: str = "node-taint"
+    requested: str,
+    rules_version: str | None,
+    *,
+    fallback: str = "quarantine",
+    claims_v1: bool = True,
 ) -> tuple[str, str]:
     """(mode, why) for the controller: ``auto`` uses DeviceTaintRules where served.
 
     ``requested`` is the operator's choice; ``taint-rules`` without the API is an error
-    (never a silent no-op); ``auto`` without it falls back to ``fallback``.
+    (never a silent no-op); ``auto`` without it falls back to ``fallback``. Mode
+    ``quarantine`` writes ``resource.k8s.io/v1`` ResourceClaims (``claims_v1``: the server
+    serves them, as every release from 1.34 does): where they are not served, ``auto``
+    falls back to ``node-taint`` and asking for ``quarantine`` is an error.
     """
     if requested not in REMEDIATION_MODES:
         raise ValueError(
@@ -349,15 +357,24 @@ def choose_remediation_mode(
     if fallback not in REMEDIATION_MODES or fallback in ("auto", "taint-rules"):
         raise ValueError(f"fallback mode {fallback!r} must be one without DeviceTaintRules")
     served = f"{GROUP}/{rules_version} DeviceTaintRules" if rules_version else ""
+    no_claims = f"the server serves no {GROUP}/v1 ResourceClaims"
     if requested == "auto":
         if rules_version:
             return "taint-rules", f"auto: the server serves {served}"
+        if fallback == "quarantine" and not claims_v1:
+            return "node-taint", f"auto: no DeviceTaintRule API and {no_claims}, so node-taint"
         return fallback, f"auto: the server serves no DeviceTaintRule API, so {fallback}"
     if requested == "taint-rules" and not rules_version:
         raise ValueError(
             "remediation mode taint-rules needs the DeviceTaintRule API, which this server "
             "does not serve (resource.k8s.io v1, v1beta2 or v1alpha3); enable it "
-            "(DRADeviceTaintRules) or choose node-taint, cordon, evict-only or report-only"
+            "(DRADeviceTaintRules) or choose quarantine, node-taint, cordon, evict-only or "
+            "report-only"
+        )
+    if requested == "quarantine" and not claims_v1:
+        raise ValueError(
+            f"remediation mode quarantine writes ResourceClaims, but {no_claims} "
+            "(Kubernetes 1.34 on does); choose node-taint, cordon, evict-only or report-only"
         )
     return requested, f"chosen: {requested}" + (f" ({served} served)" if served else "")
 

@@ -117,6 +117,7 @@ from drahealth.remedy._metrics import ControllerMetrics
 from drahealth.remedy._modes import ModeChoice, ModeError, resolve_mode
 from drahealth.remedy._nodes import MAX_REASON, NODE_MODES, NodeDevice, NodeWriter
 from drahealth.remedy._ownership import OwnershipGuard
+from drahealth.remedy._quarantine import QUARANTINE_MODE, QuarantineWriter, claim_name
 from drahealth.remedy._rollup import NodeRollupWriter
 from drahealth.remedy._rules import (
     ANNOTATION_FIRST_SEEN,
@@ -285,6 +286,9 @@ class RemediationController:
         )
         self.evictor = Evictor(client, policy.eviction, on_event=self._eviction_event)
         self.nodes = NodeWriter(client, on_change=self._node_changed)
+        self.quarantine = QuarantineWriter(
+            client, self.namespace, on_change=self._quarantine_changed
+        )
         self.rollup = NodeRollupWriter(
             client, policy.node_rollup, record=self._record,
             event=lambda *event: self._spawn(self._event(*event)),
@@ -408,6 +412,7 @@ class RemediationController:
                 rules_version,
                 served.server_version,
                 dry_run=self.policy.dry_run,
+                claims_v1=served.chosen("ResourceClaim") == "v1",
             )
         except ModeError as exc:
             return ModeChoice("report-only", f"{exc}; report-only until it is served"), True
@@ -447,6 +452,7 @@ class RemediationController:
             await self._settle_unanswered()
             self.aftercare.restore()
             await self._seed_nodes()
+            await self._seed_quarantine()
             self.outcomes.synced()
             await self.rollup.load()
             _release_list_memory()
@@ -615,6 +621,7 @@ class RemediationController:
             await self.nodes.sync(
                 self.ownership.freeze_nodes(self._node_devices(fallback), self.nodes.written())
             )
+            await self.quarantine.sync(self._quarantine_devices(fallback), self._holders)
         self._plan_evictions(rule_wants, fallback)
         self._report({k: w for k, (w, mode) in fallback.items() if not self._writes(mode, w)})
         # the node condition in every mode; the node taint never in dry run or report-only
@@ -695,15 +702,73 @@ class RemediationController:
                     self._no_node.add(key)
                     log.warning("%s: no node known for the device, so no %s", key, mode)
                 continue
-            since = self._since_wall.get(key, ("", 0.0))[1]
-            out.setdefault(node, []).append(
-                NodeDevice(
-                    key, mode, want.key, want.value, want.effect, want.rule,
-                    want.reason[:MAX_REASON], since, self.identity, health_of(want.reason),
-                    self._first_seen_wall(key),
-                )
-            )  # fmt: skip
+            out.setdefault(node, []).append(self._node_device(key, want, mode))
         return out
+
+    def _quarantine_devices(
+        self, fallback: dict[DeviceKey, tuple[Want, str]]
+    ) -> dict[DeviceKey, NodeDevice]:
+        """The devices mode quarantine fences now; an opted-out node's stay as written."""
+        out: dict[DeviceKey, NodeDevice] = {}
+        for key, (want, mode) in fallback.items():
+            if mode == QUARANTINE_MODE and self._writes(mode, want):
+                out[key] = self._node_device(key, want, mode)
+        for key, device in self.quarantine.written().items():
+            node = self._facts(key).node
+            if key not in out and node and node in self.ownership.opted_out:
+                out[key] = device  # frozen: drahealth neither adds nor removes there
+        return out
+
+    def _node_device(self, key: DeviceKey, want: Want, mode: str) -> NodeDevice:
+        since = self._since_wall.get(key, ("", 0.0))[1]
+        return NodeDevice(
+            key, mode, want.key, want.value, want.effect, want.rule,
+            want.reason[:MAX_REASON], since, self.identity, health_of(want.reason),
+            self._first_seen_wall(key),
+        )  # fmt: skip
+
+    def _holders(self, key: DeviceKey) -> list[str]:
+        """``namespace/name`` of the claims whose allocation holds ``key``."""
+        return [f"{ns}/{name}" for ns, name in self.model.claims_holding(key)]
+
+    async def _seed_quarantine(self) -> None:
+        """Resume the devices drahealth fenced with quarantine claims."""
+        try:
+            found = await self.quarantine.load()
+        except ApiError as exc:
+            log.warning("listing quarantine claims failed (%s): none resumed", exc.status.message)
+            return
+        now, wall = self._clock(), self._wall()
+        for d in found.values():
+            node = self._facts(d.device).node
+            facts = DeviceFacts(d.device.driver, d.device.pool, d.device.device, node)
+            want = Want(d.effect, d.key, d.value, d.rule, d.reason)
+            since = d.since or wall
+            self.engine.seed(facts, want, now - max(0.0, wall - since))
+            self._since_wall[d.device] = (d.effect, d.since or round(wall, 3))
+            if d.first_seen:
+                self._first_seen_at.setdefault(d.device, d.first_seen)
+
+    def _quarantine_changed(self, device: NodeDevice, what: str, claim: str) -> None:
+        message = f"{device.device}: {what} ({self.namespace}/{claim})"
+        if device.rule:
+            message += f"; policy rule {device.rule}"
+        if device.reason:
+            message += f": {device.reason}"
+        log.info("%s", message)
+        action = what.split(":", 1)[0].split(" ", 1)[0]  # quarantined, released, waiting
+        self._record(f"quarantine-{action}", str(device.device), message)
+        reason = {
+            "quarantined": "DeviceQuarantined",
+            "released": "DeviceReleased",
+        }.get(action, "DeviceQuarantineWaiting")
+        self.metrics.actions.labels(f"quarantine-{action}").inc()
+        ref = ObjectReference(
+            apiVersion="resource.k8s.io/v1", kind="ResourceClaim", name=claim,
+            namespace=self.namespace,
+        )  # fmt: skip
+        kind = "Normal" if reason == "DeviceReleased" else "Warning"
+        self._spawn(self._event(ref, kind, reason, message))
 
     async def _seed_nodes(self) -> None:
         """Resume the devices drahealth listed on Nodes (modes node-taint and cordon)."""
@@ -820,6 +885,7 @@ class RemediationController:
     def _carrying(self) -> set[DeviceKey]:
         """Devices carrying the controller's taint now: its rules and its Node lists."""
         out = {d.device for devices in self.nodes.written().values() for d in devices}
+        out |= self.quarantine.written().keys()
         for rule in self.rules.store.list() if self.rules is not None else ():
             sel = rule.spec.deviceSelector if is_ours(rule) and rule.spec is not None else None
             if sel is not None and sel.driver and sel.pool and sel.device:
@@ -1244,10 +1310,16 @@ class RemediationController:
         self.evictor.want(out)
 
     def _taint_ref(self, key: DeviceKey) -> ObjectReference:
-        """What taints ``key``: the controller's DeviceTaintRule, else the device's Node."""
+        """What fences ``key``: the controller's DeviceTaintRule, its quarantine claim,
+        else the device's Node."""
         name = self._rule_names.get(key)
         if name:
             return ObjectReference(apiVersion=self._rules_api, kind="DeviceTaintRule", name=name)
+        if self.quarantine.keeps(key):
+            return ObjectReference(
+                apiVersion="resource.k8s.io/v1", kind="ResourceClaim",
+                name=claim_name(key), namespace=self.namespace,
+            )  # fmt: skip
         return ObjectReference(apiVersion="v1", kind="Node", name=self._facts(key).node)
 
     def _eviction_event(self, pod: Consumer, kind: str, message: str) -> None:

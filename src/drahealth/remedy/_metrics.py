@@ -40,7 +40,7 @@ class ControllerMetrics:
         )
         self.mode = Gauge(
             "drahealth_controller_remediation_mode",
-            "1 for the remediation mode the leader runs in (taint-rules, node-taint, cordon, "
+            "1 for the remediation mode the leader runs in (taint-rules, quarantine, node-taint, cordon, "
             "evict-only, report-only), 0 for the others.",
             ["mode"],
             registry=self.registry,

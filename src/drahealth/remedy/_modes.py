@@ -80,11 +80,15 @@ def resolve_mode(
     server_version: str = "",
     *,
     dry_run: bool = False,
+    claims_v1: bool = True,
 ) -> ModeChoice:
     """The mode for ``requested`` where the server serves ``rules_version`` of
-    DeviceTaintRule (None: no rule API); :class:`ModeError` if it cannot run."""
+    DeviceTaintRule (None: no rule API) and, if ``claims_v1``, v1 ResourceClaims (mode
+    quarantine writes them); :class:`ModeError` if it cannot run."""
     try:
-        mode, why = choose_remediation_mode(requested, rules_version, fallback=fallback)
+        mode, why = choose_remediation_mode(
+            requested, rules_version, fallback=fallback, claims_v1=claims_v1
+        )
     except ValueError as exc:
         raise ModeError(str(exc)) from None
     effect_none = _has_effect_none(rules_version, server_version)
@@ -99,10 +103,10 @@ def resolve_mode(
                 "effect None (1.35 on), so nothing is written",
                 False,
             )
-        elif mode in ("node-taint", "cordon", "evict-only"):
+        elif mode in ("quarantine", "node-taint", "cordon", "evict-only"):
             mode, why, fallback_path = (
                 "report-only",
-                f"dry run instead of {mode} ({why}): nothing is written to nodes or pods",
+                f"dry run instead of {mode} ({why}): nothing is written to claims, nodes or pods",
                 False,
             )
     return ModeChoice(mode, why, rules_api, server_version, fallback_path, effect_none)

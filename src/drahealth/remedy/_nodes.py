@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ __all__ = [
     "NODE_MODES",
     "NodeDevice",
     "NodeWriter",
+    "device_row",
     "plan_node",
     "read_node",
 ]
@@ -114,6 +116,37 @@ def _annotations(node: Mapping[str, Any]) -> dict[str, str]:
     return dict(found) if isinstance(found, Mapping) else {}
 
 
+def device_row(row: Mapping[str, Any], modes: Sequence[str]) -> NodeDevice | None:
+    """One device as :meth:`NodeDevice.as_json` wrote it, or None when it cannot be read
+    or its mode is not one of ``modes``."""
+    key = _device_key(str(row.get("device", "")))
+    mode = row.get("mode")
+    if key is None or mode not in modes or not isinstance(row.get("key"), str):
+        return None
+    since = row.get("since")
+    first_seen = row.get("firstSeen")
+    return NodeDevice(
+        key,
+        str(mode),
+        str(row["key"]),
+        str(row.get("value") or ""),
+        str(row.get("effect") or "NoSchedule"),
+        str(row.get("rule") or ""),
+        str(row.get("reason") or ""),
+        _finite(since),
+        str(row.get("by") or ""),
+        str(row.get("health") or ""),
+        _finite(first_seen),
+    )
+
+
+def _finite(value: Any) -> float:
+    """A unix time from JSON: a finite number >= 0, else 0 (unknown)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return 0.0
+    return float(value) if math.isfinite(value) and value >= 0 else 0.0
+
+
 def read_node(node: Mapping[str, Any]) -> list[NodeDevice]:
     """The devices drahealth listed on ``node`` (entries it cannot read are skipped)."""
     try:
@@ -122,29 +155,9 @@ def read_node(node: Mapping[str, Any]) -> list[NodeDevice]:
         return []
     out: list[NodeDevice] = []
     for row in rows if isinstance(rows, list) else []:
-        if not isinstance(row, dict):
-            continue
-        key = _device_key(str(row.get("device", "")))
-        mode = row.get("mode")
-        if key is None or mode not in NODE_MODES or not isinstance(row.get("key"), str):
-            continue
-        since = row.get("since")
-        first_seen = row.get("firstSeen")
-        out.append(
-            NodeDevice(
-                key,
-                str(mode),
-                str(row["key"]),
-                str(row.get("value") or ""),
-                str(row.get("effect") or "NoSchedule"),
-                str(row.get("rule") or ""),
-                str(row.get("reason") or ""),
-                float(since) if isinstance(since, int | float) else 0.0,
-                str(row.get("by") or ""),
-                str(row.get("health") or ""),
-                float(first_seen) if isinstance(first_seen, int | float) else 0.0,
-            )
-        )
+        device = device_row(row, NODE_MODES) if isinstance(row, dict) else None
+        if device is not None:
+            out.append(device)
     return out[:MAX_DEVICES]
 
 

@@ -134,7 +134,7 @@ class _Eviction(_Base):
 
 class _Remediation(_Base):
     mode: str = "auto"
-    fallback: str = "node-taint"
+    fallback: str = "quarantine"
 
 
 class _TaintNode(_Base):

@@ -1,9 +1,10 @@
 """The remediation controller on each release profile of the embedded API server.
 
-Without the DeviceTaintRule API (1.35 with its defaults) it taints or cordons the node,
-evicts only the bad device's consumer as its budget allows and undoes exactly its own
-writes after recovery; report-only writes nothing; where rules are served they are
-written at the served version; an over-broad rule never makes it evict; a vanished
+Without the DeviceTaintRule API (1.35 with its defaults) ``auto`` fences the one bad
+device with a quarantine claim (once its pod has let go of it), or, as asked, taints or
+cordons the node; it evicts only the bad device's consumer as its budget allows and
+undoes exactly its own writes after recovery; report-only writes nothing; where rules are
+served they are written at the served version; an over-broad rule never makes it evict; a vanished
 version is rediscovered instead of retried in a loop.
 """
 
@@ -18,17 +19,18 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-from lightkube import AsyncClient
+from lightkube import ApiError, AsyncClient
 from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
 from drahealth.controlplane import APIServer
-from drahealth.core import kube_profile
+from drahealth.core import DeviceKey, kube_profile
 from drahealth.kube import ServedAPIs, make_client, resource_class
 from drahealth.remedy import _controller
 from drahealth.remedy._controller import HISTORY_CONFIGMAP, RemediationController
 from drahealth.remedy._nodes import ANNOTATION_CORDONED, ANNOTATION_DEVICES
+from drahealth.remedy._quarantine import ANNOTATION_QUARANTINE, claim_name
 from tests._support import eventually
 from tests.integration.remedy.test_controller import NODE, make_pod, policy, set_health
 
@@ -114,7 +116,8 @@ async def test_node_taint_without_the_rule_api_end_to_end(caplog: Any) -> None:
             "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "victim"}}},
         }
         await client.create(PodDisruptionBudget.from_dict(pdb))
-        async with running(client, RULES, "eviction: {perSecond: 20}\n") as controller:
+        extra = "remediation: {fallback: node-taint}\neviction: {perSecond: 20}\n"
+        async with running(client, RULES, extra) as controller:
             assert controller.choice is not None and controller.choice.mode == "node-taint"
             assert controller.rules is None
             assert (
@@ -167,6 +170,95 @@ async def test_node_taint_without_the_rule_api_end_to_end(caplog: Any) -> None:
             assert await pod_names(client) == {"bystander"}
     # no request ever went to a DeviceTaintRule endpoint the server does not serve
     assert not [p for p in paths if "devicetaintrules" in p], paths
+
+
+ResourceClaim = resource_class("ResourceClaim", "v1")
+
+
+async def claim_dict(client: AsyncClient, name: str) -> dict[str, Any] | None:
+    try:
+        out = (await client.get(ResourceClaim, name, namespace="default")).to_dict()
+    except ApiError as exc:
+        if exc.status.code == 404:
+            return None
+        raise
+    assert isinstance(out, dict)
+    return out
+
+
+async def test_quarantine_fences_one_device_after_its_pod_let_go(caplog: Any) -> None:
+    """auto without the rule API: the bad device's pod is evicted (budget honoured), the
+    device gets an allocated quarantine claim only once the pod's claim let go, the node
+    is left alone, and recovery deallocates then deletes the claim; a restarted
+    controller resumes the quarantine without writing it again."""
+    caplog.set_level(logging.INFO, logger="drahealth.remedy._controller")
+    key = DeviceKey("gpu.example.com", NODE, "gpu-0")
+    name = claim_name(key)
+    async with cluster("1.35") as (client, paths):
+        await make_node(client, taints=[FOREIGN])
+        await set_health(client, gpu_0="Healthy", gpu_1="Healthy")
+        await make_pod(client, "victim", "gpu-0", {"app": "victim"})
+        await make_pod(client, "bystander", "gpu-1", {"app": "bystander"})
+        async with running(client, RULES, "eviction: {perSecond: 20}\n") as controller:
+            assert controller.choice is not None and controller.choice.mode == "quarantine"
+            assert "auto: the server serves no DeviceTaintRule API, so quarantine" in caplog.text
+            await set_health(client, gpu_0=("Unhealthy", "XID 79"))
+
+            async def victim_gone() -> bool:
+                return await pod_names(client) == {"bystander"}
+
+            await eventually(victim_gone, 15.0, "only the victim to be evicted")
+            # the victim's claim still holds the device: the quarantine waits for it
+            await eventually(
+                lambda: events(client, "DeviceQuarantineWaiting"), 5.0, "the waiting Event"
+            )
+            assert await claim_dict(client, name) is None
+            # what the resourceclaim controller does once the pod is gone
+            await client.patch(
+                ResourceClaim.Status, "victim-gpu",
+                {"status": {"allocation": None, "reservedFor": None}},
+                namespace="default", patch_type=PatchType.MERGE,
+            )  # fmt: skip
+
+            async def fenced() -> dict[str, Any] | None:
+                c = await claim_dict(client, name)
+                return c if c and (c.get("status") or {}).get("allocation") else None
+
+            claim = await eventually(fenced, 5.0, "the quarantine claim allocated")
+            results = claim["status"]["allocation"]["devices"]["results"]
+            assert results == [
+                {"request": "device", "driver": key.driver, "pool": key.pool, "device": "gpu-0"}
+            ]
+            (consumer,) = claim["status"]["reservedFor"]
+            assert consumer == {
+                "apiGroup": "drahealth.io", "resource": "devicequarantines", "name": name,
+                "uid": claim["metadata"]["uid"],
+            }  # fmt: skip
+            row = json.loads(claim["metadata"]["annotations"][ANNOTATION_QUARANTINE])
+            assert row["device"] == str(key) and "XID 79" in row["reason"]
+            assert row["mode"] == "quarantine" and row["by"] == "c1"
+            assert (await node_dict(client))["spec"]["taints"] == [FOREIGN]  # node untouched
+            await eventually(lambda: events(client, "DeviceQuarantined"), 5.0, "the Event")
+        version = claim["metadata"]["resourceVersion"]
+        # a new leader resumes the quarantine from the claim: nothing is written again
+        async with running(client, RULES, "eviction: {perSecond: 20}\n") as controller:
+            await asyncio.sleep(1.0)
+            again = await claim_dict(client, name)
+            assert again is not None and again["metadata"]["resourceVersion"] == version
+            assert controller.quarantine.written().keys() == {key}
+            await set_health(client, gpu_0="Healthy")
+            await eventually(
+                lambda: _none(claim_dict(client, name)), 5.0, "the claim released after recovery"
+            )
+            await eventually(lambda: events(client, "DeviceReleased"), 5.0, "DeviceReleased")
+            cm = await client.get(ConfigMap, HISTORY_CONFIGMAP, namespace="default")
+            actions = [h["action"] for h in json.loads((cm.data or {}).get("history", "[]"))]
+            assert "quarantine-quarantined" in actions and "quarantine-released" in actions
+    assert not [p for p in paths if "devicetaintrules" in p], paths
+
+
+async def _none(value: Any) -> bool:
+    return (await value) is None
 
 
 async def test_cordon_never_uncordons_an_operator_cordoned_node() -> None:

@@ -37,7 +37,8 @@ FOREIGN = {"key": "ops/maintenance", "value": "planned", "effect": "NoSchedule"}
 
 async def _run_controller(server: APIServer, until: Any, what: str) -> Any:
     client = make_client(server_url=server.url, timeout=5.0)
-    controller = RemediationController(client, policy(RULES), identity="c1")
+    fallback = "remediation: {fallback: node-taint}\n"  # the mode before quarantine existed
+    controller = RemediationController(client, policy(RULES, fallback), identity="c1")
     task = asyncio.create_task(controller.run())
     try:
         return await eventually(lambda: until(client), 10.0, what)

@@ -123,7 +123,14 @@ def test_choose_version_prefers_stable() -> None:
 def test_remediation_mode_choice() -> None:
     assert choose_remediation_mode("auto", "v1")[0] == "taint-rules"
     mode, why = choose_remediation_mode("auto", None)
-    assert mode == "node-taint" and "no DeviceTaintRule API" in why
+    assert mode == "quarantine" and "no DeviceTaintRule API" in why
+    # no v1 ResourceClaims (before 1.34): auto cannot quarantine, asking for it is an error
+    mode, why = choose_remediation_mode("auto", None, claims_v1=False)
+    assert mode == "node-taint" and "no resource.k8s.io/v1 ResourceClaims" in why
+    with pytest.raises(ValueError, match="mode quarantine writes ResourceClaims"):
+        choose_remediation_mode("quarantine", None, claims_v1=False)
+    assert choose_remediation_mode("quarantine", "v1")[0] == "quarantine"
+    assert choose_remediation_mode("auto", None, fallback="node-taint")[0] == "node-taint"
     assert choose_remediation_mode("auto", None, fallback="cordon")[0] == "cordon"
     assert choose_remediation_mode("report-only", "v1")[0] == "report-only"
     with pytest.raises(ValueError, match="needs the DeviceTaintRule API"):

@@ -1,0 +1,305 @@
+"""Mode ``quarantine``: one bad device fenced, without a DeviceTaintRule API.
+
+Owns the quarantine ResourceClaims: for each bad device, one ResourceClaim in the
+controller's namespace that the controller itself allocates to exactly that device
+(``status.allocation``) and reserves for a non-pod consumer
+(``drahealth.io/devicequarantines``), so that
+
+* the scheduler counts the device as in use and allocates the node's other devices
+  (Kubernetes 1.34 on: every release serves ``resource.k8s.io/v1`` ResourceClaims);
+* the resourceclaim controller keeps the allocation (it only prunes ``reservedFor``
+  entries of pods, and deallocates only claims nobody reserves);
+* no kubelet prepares it (no pod references it).
+
+A device another claim holds is never taken: the claim waits until the other claims
+let go (the NoExecute eviction moves their pods), said once. Release is a status write
+that clears the allocation, then the delete: the scheduler retries pods that wait for a
+device on a deallocation, not on a delete (a plain delete leaves them Pending until its
+periodic retry, minutes later). Each claim carries the device and why in the annotation
+``drahealth.io/quarantine`` (the same fields a Node lists in node-taint mode), from
+which a restarted controller resumes; claims without the controller's label are never
+touched. :func:`claim_name`, :func:`claim_body`, :func:`allocation` and
+:func:`read_claim` are pure; :class:`QuarantineWriter` does the I/O.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from lightkube import ApiError, AsyncClient
+from lightkube.types import PatchType
+
+from drahealth.core import DeviceKey
+from drahealth.kube import Backoff, as_dict, is_not_found, resource_class
+from drahealth.remedy._nodes import NodeDevice, device_row
+
+__all__ = [
+    "ANNOTATION_QUARANTINE",
+    "CONSUMER_GROUP",
+    "CONSUMER_RESOURCE",
+    "QUARANTINE_MODE",
+    "QuarantineWriter",
+    "allocation",
+    "claim_body",
+    "claim_name",
+    "read_claim",
+]
+
+log = logging.getLogger(__name__)
+
+QUARANTINE_MODE: Final = "quarantine"
+ANNOTATION_QUARANTINE: Final = "drahealth.io/quarantine"
+MANAGED_BY: Final = ("app.kubernetes.io/managed-by", "drahealth-controller")
+CONSUMER_GROUP: Final = "drahealth.io"
+CONSUMER_RESOURCE: Final = "devicequarantines"
+#: The one request of a quarantine claim; its class is never used to allocate.
+REQUEST: Final = "device"
+DEVICE_CLASS: Final = "drahealth-quarantine"
+#: At most this many quarantine claims (the breaker's limits come first).
+MAX_CLAIMS: Final = 4096
+JSON = dict[str, Any]
+
+ResourceClaim = resource_class("ResourceClaim", "v1")
+_NOT_NAME = re.compile(r"[^a-z0-9-]+")
+
+
+def claim_name(key: DeviceKey) -> str:
+    """``drahealth-quarantine-<device>-<hash>``: stable per device, a valid object name."""
+    digest = hashlib.sha256(str(key).encode()).hexdigest()[:10]
+    device = _NOT_NAME.sub("-", key.device.lower()).strip("-")[:30].strip("-") or "device"
+    return f"drahealth-quarantine-{device}-{digest}"
+
+
+def claim_body(device: NodeDevice, namespace: str) -> JSON:
+    """The quarantine claim (spec and metadata) for ``device``."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": claim_name(device.device),
+            "namespace": namespace,
+            "labels": {MANAGED_BY[0]: MANAGED_BY[1]},
+            "annotations": {ANNOTATION_QUARANTINE: json.dumps(device.as_json())},
+        },
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": REQUEST, "exactly": {"deviceClassName": DEVICE_CLASS}},
+                ]
+            }
+        },
+    }
+
+
+def allocation(key: DeviceKey, claim_uid: str) -> JSON:
+    """The status that makes ``key`` in use: allocated to the claim, reserved for it
+    (no node selector: no pod ever runs with it)."""
+    alloc: JSON = {
+        "devices": {
+            "results": [
+                {"request": REQUEST, "driver": key.driver, "pool": key.pool, "device": key.device}
+            ]
+        }
+    }
+    consumer = {
+        "apiGroup": CONSUMER_GROUP,
+        "resource": CONSUMER_RESOURCE,
+        "name": claim_name(key),
+        "uid": claim_uid,
+    }
+    return {"allocation": alloc, "reservedFor": [consumer]}
+
+
+def is_quarantine(obj: Mapping[str, Any]) -> bool:
+    meta = obj.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    return (
+        isinstance(labels, Mapping)
+        and labels.get(MANAGED_BY[0]) == MANAGED_BY[1]
+        and isinstance(annotations, Mapping)
+        and ANNOTATION_QUARANTINE in annotations
+    )
+
+
+def read_claim(obj: Mapping[str, Any]) -> tuple[NodeDevice, bool] | None:
+    """(the device a quarantine claim fences, whether it holds the allocation), or None
+    for a claim that is not one of ours or cannot be read."""
+    if not is_quarantine(obj):
+        return None
+    meta = obj.get("metadata") or {}
+    try:
+        row = json.loads(str(meta["annotations"][ANNOTATION_QUARANTINE]))
+    except (ValueError, KeyError, TypeError):
+        return None
+    device = device_row(row, (QUARANTINE_MODE,)) if isinstance(row, dict) else None
+    if device is None or meta.get("name") != claim_name(device.device):
+        return None
+    status = obj.get("status") or {}
+    alloc = status.get("allocation") if isinstance(status, Mapping) else None
+    devices = alloc.get("devices") if isinstance(alloc, Mapping) else None
+    results = devices.get("results") if isinstance(devices, Mapping) else None
+    held = isinstance(results, list) and any(
+        isinstance(r, Mapping)
+        and (r.get("driver"), r.get("pool"), r.get("device"))
+        == (device.device.driver, device.device.pool, device.device.device)
+        for r in results
+    )
+    return device, held
+
+
+#: ``on_change(device, what, claim name)`` after a write that changed something.
+ChangeSink = Callable[[NodeDevice, str, str], None]
+#: ``busy(device)`` -> the other claims (``namespace/name``) that hold the device.
+BusySource = Callable[[DeviceKey], list[str]]
+
+
+@dataclass(slots=True)
+class _Held:
+    device: NodeDevice
+    allocated: bool
+
+
+class QuarantineWriter:
+    """Keeps one allocated quarantine claim per wanted device, and none for the others."""
+
+    def __init__(self, client: AsyncClient, namespace: str, *, on_change: ChangeSink) -> None:
+        self.client = client
+        self.namespace = namespace
+        self._on_change = on_change
+        self._written: dict[DeviceKey, _Held] = {}
+        self._retry: dict[DeviceKey, tuple[float, Backoff]] = {}
+        self._waiting: dict[DeviceKey, tuple[str, ...]] = {}  # said once per set of holders
+        self.writes = 0
+
+    async def load(self) -> dict[DeviceKey, NodeDevice]:
+        """The controller's quarantine claims (one LIST of its namespace)."""
+        found: dict[DeviceKey, NodeDevice] = {}
+        labels: dict[str, Any] = {MANAGED_BY[0]: MANAGED_BY[1]}
+        async for claim in self.client.list(ResourceClaim, namespace=self.namespace, labels=labels):
+            read = read_claim(as_dict(claim))
+            if read is None:
+                continue
+            device, held = read
+            found[device.device] = device
+            self._written[device.device] = _Held(device, held)
+        return found
+
+    def written(self) -> dict[DeviceKey, NodeDevice]:
+        """The devices whose quarantine claim holds the allocation now."""
+        return {k: h.device for k, h in self._written.items() if h.allocated}
+
+    def keeps(self, key: DeviceKey) -> bool:
+        """Whether a quarantine claim exists (or is being written) for ``key``."""
+        return key in self._written
+
+    def claims(self) -> set[str]:
+        """``namespace/name`` of every quarantine claim this writer keeps."""
+        return {f"{self.namespace}/{claim_name(k)}" for k in self._written}
+
+    def waiting(self) -> dict[DeviceKey, tuple[str, ...]]:
+        """Wanted devices not yet fenced: the claims that still hold each."""
+        return dict(self._waiting)
+
+    async def sync(self, desired: Mapping[DeviceKey, NodeDevice], busy: BusySource) -> None:
+        """Fence every device in ``desired`` that no other claim holds; release the rest."""
+        now = time.monotonic()
+        for key in sorted(desired.keys() | self._written.keys()):
+            retry = self._retry.get(key)
+            if retry is not None and retry[0] > now:
+                continue
+            want = desired.get(key)
+            held = self._written.get(key)
+            try:
+                if want is None:
+                    self._waiting.pop(key, None)
+                    if held is not None:
+                        await self._release(key, held)
+                elif held is None or not held.allocated or held.device != want:
+                    if len(self._written) >= MAX_CLAIMS and held is None:
+                        continue
+                    await self._fence(key, want, held, busy)
+            except ApiError as exc:
+                backoff = retry[1] if retry is not None else Backoff(1.0, 60.0)
+                self._retry[key] = (now + backoff.next(), backoff)
+                log.warning(
+                    "quarantine claim %s/%s for %s: %s",
+                    self.namespace, claim_name(key), key, exc.status.message,
+                )  # fmt: skip
+                continue
+            self._retry.pop(key, None)
+
+    async def _fence(
+        self, key: DeviceKey, want: NodeDevice, held: _Held | None, busy: BusySource
+    ) -> None:
+        name = claim_name(key)
+        ours = f"{self.namespace}/{name}"
+        if held is not None and held.allocated:
+            # fenced already: only the annotation (why, since) changes
+            row = json.dumps(want.as_json())
+            patch = {"metadata": {"annotations": {ANNOTATION_QUARANTINE: row}}}
+            await self.client.patch(
+                ResourceClaim, name, patch, namespace=self.namespace, patch_type=PatchType.MERGE
+            )
+            self._written[key] = _Held(want, True)
+            return
+        holders = tuple(sorted(c for c in busy(key) if c != ours))
+        if holders:
+            if self._waiting.get(key) != holders:
+                self._waiting[key] = holders
+                what = f"waiting for claim(s) {', '.join(holders)} to release it"
+                self._on_change(want, what, name)
+            return
+        self._waiting.pop(key, None)
+        try:
+            obj = as_dict(
+                await self.client.create(ResourceClaim.from_dict(claim_body(want, self.namespace)))
+            )
+        except ApiError as exc:
+            if exc.status.code != 409:
+                raise
+            obj = as_dict(await self.client.get(ResourceClaim, name, namespace=self.namespace))
+            if not is_quarantine(obj):
+                raise  # someone else's claim with our name: never adopted
+        uid = str((obj.get("metadata") or {}).get("uid") or "")
+        self._written[key] = _Held(want, False)
+        await self.client.patch(
+            ResourceClaim.Status,
+            name,
+            {"status": allocation(key, uid)},
+            namespace=self.namespace,
+            patch_type=PatchType.MERGE,
+        )
+        self._written[key] = _Held(want, True)
+        self.writes += 1
+        self._on_change(want, "quarantined: allocated to its quarantine claim", name)
+
+    async def _release(self, key: DeviceKey, held: _Held) -> None:
+        name = claim_name(key)
+        try:
+            if held.allocated:
+                # deallocate first: that (not the delete) makes the scheduler retry pods
+                await self.client.patch(
+                    ResourceClaim.Status,
+                    name,
+                    {"status": {"allocation": None, "reservedFor": None}},
+                    namespace=self.namespace,
+                    patch_type=PatchType.MERGE,
+                )
+                self._written[key] = _Held(held.device, False)
+            await self.client.delete(ResourceClaim, name, namespace=self.namespace)
+        except ApiError as exc:
+            if not is_not_found(exc):
+                raise
+        del self._written[key]
+        self.writes += 1
+        if held.allocated:
+            what = "released: its quarantine claim is deallocated and deleted"
+            self._on_change(held.device, what, name)
