@@ -117,7 +117,12 @@ from drahealth.remedy._metrics import ControllerMetrics
 from drahealth.remedy._modes import ModeChoice, ModeError, resolve_mode
 from drahealth.remedy._nodes import MAX_REASON, NODE_MODES, NodeDevice, NodeWriter
 from drahealth.remedy._ownership import OwnershipGuard
-from drahealth.remedy._quarantine import QUARANTINE_MODE, QuarantineWriter, claim_name
+from drahealth.remedy._quarantine import (
+    OPERATOR_PREFIX,
+    QUARANTINE_MODE,
+    QuarantineWriter,
+    claim_name,
+)
 from drahealth.remedy._rollup import NodeRollupWriter
 from drahealth.remedy._rules import (
     ANNOTATION_FIRST_SEEN,
@@ -534,6 +539,8 @@ class RemediationController:
         def on_event(event_type: str, obj: Any, _old: Any) -> None:
             raw = as_dict(obj)
             self.model.apply(kind, event_type, to_internal(raw) if convert else raw)
+            if kind == "ResourceClaim":
+                self.quarantine.observe(event_type, raw)
             self._wake.set()
 
         return on_event
@@ -728,8 +735,13 @@ class RemediationController:
         )  # fmt: skip
 
     def _holders(self, key: DeviceKey) -> list[str]:
-        """``namespace/name`` of the claims whose allocation holds ``key``."""
-        return [f"{ns}/{name}" for ns, name in self.model.claims_holding(key)]
+        """``namespace/name`` of the claims whose allocation holds ``key`` (an operator's
+        quarantine claim fences it too: never waited for)."""
+        return [
+            f"{ns}/{name}"
+            for ns, name in self.model.claims_holding(key)
+            if not (ns == self.namespace and name.startswith(OPERATOR_PREFIX))
+        ]
 
     async def _seed_quarantine(self) -> None:
         """Resume the devices drahealth fenced with quarantine claims."""

@@ -40,8 +40,8 @@ class ControllerMetrics:
         )
         self.mode = Gauge(
             "drahealth_controller_remediation_mode",
-            "1 for the remediation mode the leader runs in (taint-rules, quarantine, node-taint, cordon, "
-            "evict-only, report-only), 0 for the others.",
+            "1 for the remediation mode the leader runs in (taint-rules, quarantine, "
+            "node-taint, cordon, evict-only, report-only), 0 for the others.",
             ["mode"],
             registry=self.registry,
         )

@@ -44,11 +44,14 @@ __all__ = [
     "ANNOTATION_QUARANTINE",
     "CONSUMER_GROUP",
     "CONSUMER_RESOURCE",
+    "OPERATOR_MANAGED_BY",
+    "OPERATOR_PREFIX",
     "QUARANTINE_MODE",
     "QuarantineWriter",
     "allocation",
     "claim_body",
     "claim_name",
+    "is_quarantine",
     "read_claim",
 ]
 
@@ -57,6 +60,11 @@ log = logging.getLogger(__name__)
 QUARANTINE_MODE: Final = "quarantine"
 ANNOTATION_QUARANTINE: Final = "drahealth.io/quarantine"
 MANAGED_BY: Final = ("app.kubernetes.io/managed-by", "drahealth-controller")
+#: An operator's quarantine (``drahealth taint`` where no DeviceTaintRule API is served):
+#: the controller never releases it; ``drahealth untaint`` does.
+OPERATOR_MANAGED_BY: Final = "drahealth-operator"
+PREFIX: Final = "drahealth-quarantine-"
+OPERATOR_PREFIX: Final = "drahealth-operator-quarantine-"
 CONSUMER_GROUP: Final = "drahealth.io"
 CONSUMER_RESOURCE: Final = "devicequarantines"
 #: The one request of a quarantine claim; its class is never used to allocate.
@@ -70,22 +78,27 @@ ResourceClaim = resource_class("ResourceClaim", "v1")
 _NOT_NAME = re.compile(r"[^a-z0-9-]+")
 
 
-def claim_name(key: DeviceKey) -> str:
-    """``drahealth-quarantine-<device>-<hash>``: stable per device, a valid object name."""
+def claim_name(key: DeviceKey, *, operator: bool = False) -> str:
+    """``drahealth-quarantine-<device>-<hash>`` (an operator's:
+    ``drahealth-operator-quarantine-...``): stable per device, a valid object name."""
     digest = hashlib.sha256(str(key).encode()).hexdigest()[:10]
     device = _NOT_NAME.sub("-", key.device.lower()).strip("-")[:30].strip("-") or "device"
-    return f"drahealth-quarantine-{device}-{digest}"
+    return f"{OPERATOR_PREFIX if operator else PREFIX}{device}-{digest}"
 
 
-def claim_body(device: NodeDevice, namespace: str) -> JSON:
+def _manager(operator: bool) -> str:
+    return OPERATOR_MANAGED_BY if operator else MANAGED_BY[1]
+
+
+def claim_body(device: NodeDevice, namespace: str, *, operator: bool = False) -> JSON:
     """The quarantine claim (spec and metadata) for ``device``."""
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {
-            "name": claim_name(device.device),
+            "name": claim_name(device.device, operator=operator),
             "namespace": namespace,
-            "labels": {MANAGED_BY[0]: MANAGED_BY[1]},
+            "labels": {MANAGED_BY[0]: _manager(operator)},
             "annotations": {ANNOTATION_QUARANTINE: json.dumps(device.as_json())},
         },
         "spec": {
@@ -98,7 +111,7 @@ def claim_body(device: NodeDevice, namespace: str) -> JSON:
     }
 
 
-def allocation(key: DeviceKey, claim_uid: str) -> JSON:
+def allocation(key: DeviceKey, claim_uid: str, *, operator: bool = False) -> JSON:
     """The status that makes ``key`` in use: allocated to the claim, reserved for it
     (no node selector: no pod ever runs with it)."""
     alloc: JSON = {
@@ -111,28 +124,32 @@ def allocation(key: DeviceKey, claim_uid: str) -> JSON:
     consumer = {
         "apiGroup": CONSUMER_GROUP,
         "resource": CONSUMER_RESOURCE,
-        "name": claim_name(key),
+        "name": claim_name(key, operator=operator),
         "uid": claim_uid,
     }
     return {"allocation": alloc, "reservedFor": [consumer]}
 
 
-def is_quarantine(obj: Mapping[str, Any]) -> bool:
+def is_quarantine(obj: Mapping[str, Any], *, operator: bool = False) -> bool:
+    """Whether ``obj`` is a quarantine claim of the controller (or of an operator)."""
     meta = obj.get("metadata") or {}
+    if not isinstance(meta, Mapping):
+        return False
     labels = meta.get("labels") or {}
     annotations = meta.get("annotations") or {}
     return (
         isinstance(labels, Mapping)
-        and labels.get(MANAGED_BY[0]) == MANAGED_BY[1]
+        and labels.get(MANAGED_BY[0]) == _manager(operator)
         and isinstance(annotations, Mapping)
         and ANNOTATION_QUARANTINE in annotations
     )
 
 
-def read_claim(obj: Mapping[str, Any]) -> tuple[NodeDevice, bool] | None:
+def read_claim(obj: Mapping[str, Any], *, operator: bool = False) -> tuple[NodeDevice, bool] | None:
     """(the device a quarantine claim fences, whether it holds the allocation), or None
-    for a claim that is not one of ours or cannot be read."""
-    if not is_quarantine(obj):
+    for a claim that is not one of ours (the controller's, or an operator's) or cannot
+    be read: its name must be the one :func:`claim_name` gives its device."""
+    if not is_quarantine(obj, operator=operator):
         return None
     meta = obj.get("metadata") or {}
     try:
@@ -140,7 +157,7 @@ def read_claim(obj: Mapping[str, Any]) -> tuple[NodeDevice, bool] | None:
     except (ValueError, KeyError, TypeError):
         return None
     device = device_row(row, (QUARANTINE_MODE,)) if isinstance(row, dict) else None
-    if device is None or meta.get("name") != claim_name(device.device):
+    if device is None or meta.get("name") != claim_name(device.device, operator=operator):
         return None
     status = obj.get("status") or {}
     alloc = status.get("allocation") if isinstance(status, Mapping) else None
@@ -195,6 +212,32 @@ class QuarantineWriter:
     def written(self) -> dict[DeviceKey, NodeDevice]:
         """The devices whose quarantine claim holds the allocation now."""
         return {k: h.device for k, h in self._written.items() if h.allocated}
+
+    def observe(self, event_type: str, obj: Mapping[str, Any]) -> bool:
+        """A watch event of a ResourceClaim: someone else deleting or deallocating one of
+        this writer's claims makes it fence the device again. True if that happened."""
+        meta = obj.get("metadata") or {}
+        if not isinstance(meta, Mapping) or meta.get("namespace") != self.namespace:
+            return False
+        read = read_claim(obj)
+        if read is None:
+            return False
+        device, held = read
+        mine = self._written.get(device.device)
+        if mine is None or not mine.allocated:
+            return False
+        if event_type == "DELETED" or not held:
+            log.warning(
+                "quarantine claim %s/%s of %s was %s by someone else: fencing it again",
+                self.namespace, claim_name(device.device), device.device,
+                "deleted" if event_type == "DELETED" else "deallocated",
+            )  # fmt: skip
+            if event_type == "DELETED":
+                del self._written[device.device]
+            else:
+                self._written[device.device] = _Held(mine.device, False)
+            return True
+        return False
 
     def keeps(self, key: DeviceKey) -> bool:
         """Whether a quarantine claim exists (or is being written) for ``key``."""
