@@ -24,6 +24,7 @@ touched. :func:`claim_name`, :func:`claim_body`, :func:`allocation` and
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -265,7 +266,7 @@ class QuarantineWriter:
                     self._waiting.pop(key, None)
                     if held is not None:
                         await self._release(key, held)
-                elif held is None or not held.allocated or held.device != want:
+                elif held is None or not held.allocated or not _same(held.device, want):
                     if len(self._written) >= MAX_CLAIMS and held is None:
                         continue
                     await self._fence(key, want, held, busy)
@@ -346,3 +347,12 @@ class QuarantineWriter:
         if held.allocated:
             what = "released: its quarantine claim is deallocated and deleted"
             self._on_change(held.device, what, name)
+
+
+def _same(written: NodeDevice, want: NodeDevice) -> bool:
+    """Whether the annotation says ``want`` already: compared as written (floats
+    rounded), whoever wrote it (a new leader does not rewrite the provenance)."""
+    mine = dataclasses.replace(want, by=written.by)
+    return json.dumps(written.as_json(), sort_keys=True) == json.dumps(
+        mine.as_json(), sort_keys=True
+    )
