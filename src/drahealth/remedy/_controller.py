@@ -115,7 +115,7 @@ from drahealth.remedy._control import (
 from drahealth.remedy._evict import Evictor
 from drahealth.remedy._metrics import ControllerMetrics
 from drahealth.remedy._modes import ModeChoice, ModeError, resolve_mode
-from drahealth.remedy._nodes import MAX_REASON, NODE_MODES, NodeDevice, NodeWriter
+from drahealth.remedy._nodes import MAX_REASON, NODE_MODES, NodeDevice, NodeWriter, node_taints
 from drahealth.remedy._ownership import OwnershipGuard
 from drahealth.remedy._quarantine import (
     OPERATOR_PREFIX,
@@ -613,10 +613,12 @@ class RemediationController:
                     self._first_seen_at[key] = round(self._wall() - max(0.0, now - since), 3)
             else:
                 self._bad_seen.pop(key, None)
-                self._first_seen_at.pop(key, None)
         self.outcomes.changed(changed, now)  # a device listed for the first time burns in
         self.aftercare.apply_clears(now)  # drahealth clear: before the engine's answer
         wants = self.engine.wants(now)
+        # the provenance stays while the device recovers (its taint is still wanted)
+        for key in [k for k in self._first_seen_at if k not in wants and k not in self._bad_seen]:
+            del self._first_seen_at[key]
         # ownership filter: held (operator untaint) and frozen (opt-out, exclude) devices
         wants = self.ownership.filter(wants, self.control)
         wants = self._breaker_pass(wants)  # new taints over a limit are held
@@ -1286,21 +1288,22 @@ class RemediationController:
         if self.policy.dry_run:
             self.evictor.want([])
             return
-        todo: list[tuple[DeviceKey, Want, float | None, bool]] = []  # ..., extended only
+        # (device, want, since, extended only, mode)
+        todo: list[tuple[DeviceKey, Want, float | None, bool, str]] = []
         only_extended = self.policy.eviction.mode != "evict"
         for key, want in wants.items():
             if only_extended and want.effect != "NoExecute":
                 continue
             source = f"devicetaintrule/{self._rule_names.get(key, '')}"
             added = next((t.added for t in self.model.taints(key) if t.source == source), None)
-            todo.append((key, want, added, only_extended))
+            todo.append((key, want, added, only_extended, "taint-rules"))
         for key, (want, mode) in fallback.items():
             if mode != "report-only":
-                todo.append((key, want, self._since_wall.get(key, ("", None))[1], False))
+                todo.append((key, want, self._since_wall.get(key, ("", None))[1], False, mode))
         out: list[tuple[Consumer, str]] = []
         related: dict[tuple[str, str], ObjectReference] = {}  # pod -> the taint it leaves
         wall = self._wall()
-        for key, want, added, extended_only in todo:
+        for key, want, added, extended_only, mode in todo:
             if want.effect != "NoExecute":
                 continue
             taint = Taint(want.key, want.value, want.effect)
@@ -1312,14 +1315,34 @@ class RemediationController:
                     extended_only and not pod.extended
                 ):
                     continue
-                why = (
-                    f"device {key} is tainted {want.key}={want.value}:NoExecute by policy rule "
-                    f"{want.rule or '?'} ({want.reason or 'no reason given'})"
-                )
+                why = self._eviction_why(key, want, mode)
                 out.append((pod, why))
                 related[(pod.namespace, pod.name)] = self._taint_ref(key)
         self._evict_related = related
         self.evictor.want(out)
+
+    def _eviction_why(self, key: DeviceKey, want: Want, mode: str) -> str:
+        """Why a pod of ``key`` is evicted, naming what was written (a DeviceTaintRule's
+        taint, a quarantine claim, a node taint or cordon, or nothing)."""
+        rule = f"policy rule {want.rule or '?'} ({want.reason or 'no reason given'})"
+        if mode == "taint-rules":
+            return f"device {key} is tainted {want.key}={want.value}:NoExecute by {rule}"
+        wanted = f"device {key} is bad and {rule} wants it NoExecute"
+        node = self._facts(key).node
+        if mode == QUARANTINE_MODE:
+            claim = f"{self.namespace}/{claim_name(key)}"
+            if key in self.quarantine.written():
+                return f"{wanted}; it is quarantined by claim {claim}"
+            return f"{wanted}; claim {claim} quarantines it once no other claim holds it"
+        if mode == "node-taint":
+            value = next(
+                (d.value for d in self.nodes.written().get(node, ()) if d.device == key), ""
+            )
+            taint = node_taints(self.nodes.written().get(node, ())).get(want.key, value)
+            return f"{wanted}; node {node} is tainted {want.key}={taint}:NoSchedule"
+        if mode == "cordon":
+            return f"{wanted}; node {node} is cordoned"
+        return f"{wanted} (mode {mode}: nothing else fences it)"
 
     def _taint_ref(self, key: DeviceKey) -> ObjectReference:
         """What fences ``key``: the controller's DeviceTaintRule, its quarantine claim,

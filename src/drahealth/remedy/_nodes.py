@@ -247,9 +247,32 @@ def plan_node(node: Mapping[str, Any], devices: Sequence[NodeDevice]) -> tuple[J
     _set(annotations, ANNOTATION_DEVICES, json.dumps(rows, ensure_ascii=False) if rows else None)
     if annotations != dict(meta.get("annotations") or {}):
         meta["annotations"] = annotations
+        changes += _device_changes(read_node(node), devices)
         if not changes:
             changes.append("updated the unhealthy-devices annotation")
     return out, changes
+
+
+#: Fields of a listed device whose change is worth a line in the history.
+_SAID: Final = ("effect", "health", "rule", "reason", "mode", "key", "value")
+
+
+def _device_changes(before: Sequence[NodeDevice], after: Sequence[NodeDevice]) -> list[str]:
+    """What changed in the node's device list, device by device, in words."""
+    old = {d.device: d for d in before}
+    new = {d.device: d for d in after}
+    out: list[str] = []
+    for key in sorted(new.keys() - old.keys(), key=str):
+        d = new[key]
+        out.append(f"listed {key} ({d.health or 'bad'}, wants {d.effect}, rule {d.rule or '?'})")
+    for key in sorted(old.keys() - new.keys(), key=str):
+        out.append(f"{key} recovered: no longer listed")
+    for key in sorted(old.keys() & new.keys(), key=str):
+        was, now = old[key].as_json(), new[key].as_json()
+        diff = [f"{f} {was.get(f)!r} -> {now.get(f)!r}" for f in _SAID if was.get(f) != now.get(f)]
+        if diff:
+            out.append(f"{key}: {', '.join(diff)}")
+    return out
 
 
 def _set(annotations: dict[str, str], key: str, value: str | None) -> None:

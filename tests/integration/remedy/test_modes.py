@@ -166,6 +166,21 @@ async def test_node_taint_without_the_rule_api_end_to_end(caplog: Any) -> None:
                 return n if n["spec"].get("taints") == [FOREIGN] else None
 
             n = await eventually(clean, 5.0, "the node taint to be removed after recovery")
+            # the record says what was written, device by device, to the end
+            key = f"gpu.example.com/{NODE}/gpu-0"
+            untainted = await eventually(
+                lambda: events(client, "NodeUntainted"), 5.0, "the NodeUntainted Event"
+            )
+            assert f"{key} recovered" in untainted[0].message, untainted[0].message
+            cm = await client.get(ConfigMap, HISTORY_CONFIGMAP, namespace="default")
+            said = [h["message"] for h in json.loads((cm.data or {}).get("history", "[]"))]
+            assert any(f"{key} recovered" in m and "removed node taint" in m for m in said)
+            assert not any("updated the unhealthy-devices annotation" in m for m in said), said
+            (evicted,) = await events(client, "DeviceTaintEviction")
+            assert (
+                f"node {NODE} is tainted drahealth.io/unhealthy=gpu-0:NoSchedule" in evicted.message
+            ), evicted.message
+            assert "is tainted drahealth.io/unhealthy=xid:NoExecute" not in evicted.message
             assert ANNOTATION_DEVICES not in (n["metadata"].get("annotations") or {})
             assert await pod_names(client) == {"bystander"}
     # no request ever went to a DeviceTaintRule endpoint the server does not serve
@@ -208,6 +223,10 @@ async def test_quarantine_fences_one_device_after_its_pod_let_go(caplog: Any) ->
                 return await pod_names(client) == {"bystander"}
 
             await eventually(victim_gone, 15.0, "only the victim to be evicted")
+            (evicted,) = await events(client, "DeviceTaintEviction")
+            assert f"claim default/{name} quarantines it once no other claim holds it" in (
+                evicted.message
+            ), evicted.message
             # the victim's claim still holds the device: the quarantine waits for it
             await eventually(
                 lambda: events(client, "DeviceQuarantineWaiting"), 5.0, "the waiting Event"
