@@ -195,6 +195,10 @@ class QuarantineWriter:
         self._written: dict[DeviceKey, _Held] = {}
         self._retry: dict[DeviceKey, tuple[float, Backoff]] = {}
         self._waiting: dict[DeviceKey, tuple[str, ...]] = {}  # said once per set of holders
+        #: operators' quarantine claims not allocated yet (the device was in use when
+        #: ``drahealth taint`` made them): device -> (its row, claim uid)
+        self._operator: dict[DeviceKey, tuple[NodeDevice, str]] = {}
+        self._operator_retry: dict[DeviceKey, tuple[float, Backoff]] = {}
         self.writes = 0
 
     async def load(self) -> dict[DeviceKey, NodeDevice]:
@@ -208,6 +212,9 @@ class QuarantineWriter:
             device, held = read
             found[device.device] = device
             self._written[device.device] = _Held(device, held)
+        labels = {MANAGED_BY[0]: OPERATOR_MANAGED_BY}
+        async for claim in self.client.list(ResourceClaim, namespace=self.namespace, labels=labels):
+            self._observe_operator("ADDED", as_dict(claim))
         return found
 
     def written(self) -> dict[DeviceKey, NodeDevice]:
@@ -220,6 +227,7 @@ class QuarantineWriter:
         meta = obj.get("metadata") or {}
         if not isinstance(meta, Mapping) or meta.get("namespace") != self.namespace:
             return False
+        self._observe_operator(event_type, obj)
         read = read_claim(obj)
         if read is None:
             return False
@@ -239,6 +247,20 @@ class QuarantineWriter:
                 self._written[device.device] = _Held(mine.device, False)
             return True
         return False
+
+    def _observe_operator(self, event_type: str, obj: Mapping[str, Any]) -> None:
+        """Track the operators' quarantine claims that still wait for their device."""
+        read = read_claim(obj, operator=True)
+        if read is None:
+            return
+        device, held = read
+        key = device.device
+        if event_type == "DELETED" or held:
+            self._operator.pop(key, None)
+            self._operator_retry.pop(key, None)
+        elif key in self._operator or len(self._operator) < MAX_CLAIMS:
+            uid = str((obj.get("metadata") or {}).get("uid") or "")
+            self._operator[key] = (device, uid)
 
     def keeps(self, key: DeviceKey) -> bool:
         """Whether a quarantine claim exists (or is being written) for ``key``."""
@@ -279,6 +301,40 @@ class QuarantineWriter:
                 )  # fmt: skip
                 continue
             self._retry.pop(key, None)
+        await self._finish_operator_claims(busy, now)
+
+    async def _finish_operator_claims(self, busy: BusySource, now: float) -> None:
+        """Allocate each operator's waiting quarantine claim once no other claim holds
+        its device (an operator's claim is never released here: ``untaint`` does)."""
+        for key, (device, uid) in sorted(self._operator.items(), key=lambda kv: str(kv[0])):
+            retry = self._operator_retry.get(key)
+            if retry is not None and retry[0] > now:
+                continue
+            name = claim_name(key, operator=True)
+            mine = {f"{self.namespace}/{name}", f"{self.namespace}/{claim_name(key)}"}
+            if [c for c in busy(key) if c not in mine]:
+                continue  # still in use: the next pass looks again
+            try:
+                await self.client.patch(
+                    ResourceClaim.Status,
+                    name,
+                    {"status": allocation(key, uid, operator=True)},
+                    namespace=self.namespace,
+                    patch_type=PatchType.MERGE,
+                )
+            except ApiError as exc:
+                if is_not_found(exc):
+                    self._operator.pop(key, None)
+                    continue
+                backoff = retry[1] if retry is not None else Backoff(1.0, 60.0)
+                self._operator_retry[key] = (now + backoff.next(), backoff)
+                log.warning("operator quarantine claim %s/%s: %s", self.namespace, name,
+                            exc.status.message)  # fmt: skip
+                continue
+            self._operator.pop(key, None)
+            self._operator_retry.pop(key, None)
+            self.writes += 1
+            self._on_change(device, "quarantined: allocated to the operator's claim", name)
 
     async def _fence(
         self, key: DeviceKey, want: NodeDevice, held: _Held | None, busy: BusySource

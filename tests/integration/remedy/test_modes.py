@@ -29,8 +29,8 @@ from drahealth.core import DeviceKey, kube_profile
 from drahealth.kube import ServedAPIs, make_client, resource_class
 from drahealth.remedy import _controller
 from drahealth.remedy._controller import HISTORY_CONFIGMAP, RemediationController
-from drahealth.remedy._nodes import ANNOTATION_CORDONED, ANNOTATION_DEVICES
-from drahealth.remedy._quarantine import ANNOTATION_QUARANTINE, claim_name
+from drahealth.remedy._nodes import ANNOTATION_CORDONED, ANNOTATION_DEVICES, NodeDevice
+from drahealth.remedy._quarantine import ANNOTATION_QUARANTINE, claim_body, claim_name
 from tests._support import eventually
 from tests.integration.remedy.test_controller import NODE, make_pod, policy, set_health
 
@@ -274,6 +274,39 @@ async def test_quarantine_fences_one_device_after_its_pod_let_go(caplog: Any) ->
             actions = [h["action"] for h in json.loads((cm.data or {}).get("history", "[]"))]
             assert "quarantine-quarantined" in actions and "quarantine-released" in actions
     assert not [p for p in paths if "devicetaintrules" in p], paths
+
+
+async def test_an_operators_waiting_quarantine_claim_is_finished_once_the_device_is_free() -> None:
+    """``drahealth taint`` on a device in use leaves its claim unallocated; the controller
+    allocates it once the pod's claim lets go, and never releases it."""
+    key = DeviceKey("gpu.example.com", NODE, "gpu-0")
+    name = claim_name(key, operator=True)
+    row = NodeDevice(
+        key, "quarantine", "ops/broken", "yes", "NoSchedule", "operator", by="operator"
+    )
+    async with cluster("1.35") as (client, _paths):
+        await make_node(client)
+        await make_pod(client, "user", "gpu-0", {"app": "user"})
+        await client.create(ResourceClaim.from_dict(claim_body(row, "default", operator=True)))
+        async with running(client, RULES) as controller:
+            assert controller.choice is not None and controller.choice.mode == "quarantine"
+            await asyncio.sleep(0.5)
+            c = await claim_dict(client, name)
+            assert c is not None and not (c.get("status") or {}).get("allocation")
+            await client.patch(
+                ResourceClaim.Status, "user-gpu",
+                {"status": {"allocation": None, "reservedFor": None}},
+                namespace="default", patch_type=PatchType.MERGE,
+            )  # fmt: skip
+
+            async def allocated() -> dict[str, Any] | None:
+                c = await claim_dict(client, name)
+                return c if c and (c.get("status") or {}).get("allocation") else None
+
+            c = await eventually(allocated, 5.0, "the operator's claim allocated")
+            assert c["status"]["reservedFor"][0]["name"] == name
+            await asyncio.sleep(0.5)  # healthy everywhere: still never released
+            assert await claim_dict(client, name) is not None
 
 
 async def _none(value: Any) -> bool:
