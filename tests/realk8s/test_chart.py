@@ -622,6 +622,11 @@ _CONTROLLER = "drahealth.remedy._controller"
 _TAINT_RULES = ("mode taint-rules: remediationMode auto on a release that serves "
                 "DeviceTaintRule (1.37 on; 1.34 to 1.36 with the DRADeviceTaints gate), or "
                 "remediationMode taint-rules")  # fmt: skip
+_QUARANTINE_MODULE = "drahealth.remedy._quarantine"
+#: mode quarantine, which remediationMode auto chooses where no DeviceTaintRule is served
+_QUARANTINE = ("mode quarantine: remediationMode auto on a release that serves no "
+               "DeviceTaintRule (1.34 to 1.36 with default feature gates), or remediationMode "
+               "quarantine")  # fmt: skip
 #: The grants of the story's release it may not use, each with the code that does and
 #: when: conditional on the release, a value or a timing, so kept. A granted verb that
 #: the story does not use and this table does not name fails the test.
@@ -655,6 +660,27 @@ CONDITIONAL: tuple[Conditional, ...] = (
         (r"self\.client\.create\(cls\.from_dict", r"self\.client\.replace\(cls\.from_dict",
          r"delete_with_preconditions\(\s*self\.client, cls,"),
         _TAINT_RULES,
+    ),
+    Conditional(
+        "controller", ("create", "patch"), _R, "resourceclaims", _QUARANTINE_MODULE,
+        "QuarantineWriter._fence",
+        (r"self\.client\.create\(ResourceClaim\.from_dict",
+         r"self\.client\.patch\(\s*ResourceClaim, name,"),
+        _QUARANTINE + " (the patch: the reason of a device already fenced changed)",
+    ),
+    Conditional(
+        "controller", ("get",), _R, "resourceclaims", _QUARANTINE_MODULE,
+        "QuarantineWriter._fence", (r"self\.client\.get\(ResourceClaim, name,",),
+        _QUARANTINE + ", a create that met a claim already there (a lost answer)",
+    ),
+    Conditional(
+        "controller", ("patch",), _R, "resourceclaims/status", _QUARANTINE_MODULE,
+        "QuarantineWriter._fence", (r"ResourceClaim\.Status,",), _QUARANTINE,
+    ),
+    Conditional(
+        "controller", ("delete",), _R, "resourceclaims", _QUARANTINE_MODULE,
+        "QuarantineWriter._release", (r"self\.client\.delete\(ResourceClaim, name,",),
+        _QUARANTINE + ", a quarantined device that recovered",
     ),
     Conditional(
         "controller", ("get",), "", "pods", "drahealth.remedy._evict",
