@@ -65,6 +65,8 @@ MAX_HELD_LISTED: Final = 300
 MAX_REASON: Final = 160
 #: Admissions kept in the state value (the newest), for the window after a restart.
 MAX_ADMITTED_KEPT: Final = 1500
+#: The most devices one admission counts for (a node has a few dozen at most).
+MAX_WEIGHT: Final = 4096
 #: Seconds a remembered time may lie ahead of this controller's clock (the last leader's
 #: wall clock, or the API server's, may run a little ahead): such a time counts as now;
 #: a time further ahead was not written by a controller and is left out.
@@ -156,6 +158,9 @@ class _Admission:
     at: float
     groups: tuple[BreakerGroup, ...] = field(default_factory=tuple)
     live: set[BreakerGroup] = field(default_factory=set)  # groups whose window holds it
+    #: devices the taint made unusable: 1 for a device's own taint, every device of the
+    #: node for a node taint or cordon
+    weight: int = 1
 
 
 class CircuitBreaker:
@@ -328,10 +333,13 @@ class CircuitBreaker:
         writes: Callable[[DeviceKey, Want], bool],
         facts: Callable[[DeviceKey], DeviceFacts],
         now: float,
+        cost: Callable[[DeviceKey, Want], int] | None = None,
     ) -> tuple[dict[DeviceKey, Want], list[BreakerEvent]]:
         """The wants to carry out now (the held ones left out), and what tripped or
         resumed. ``writes(key, want)``: whether carrying ``want`` out writes a taint
-        (report-only and effect ``None`` count for nothing and are never held)."""
+        (report-only and effect ``None`` count for nothing and are never held);
+        ``cost(key, want)``: how many devices that taint makes unusable (default 1; a
+        node taint: the node's devices not fenced yet), which is what the limits count."""
         if not self.enabled:
             return dict(wants), []
         candidates: dict[DeviceKey, Want] = {}
@@ -366,9 +374,10 @@ class CircuitBreaker:
         tripped_now: list[BreakerGroup] = []
         for key in sorted(candidates):
             want, gs = candidates[key], groups[key]
+            weight = min(MAX_WEIGHT, max(1, cost(key, want))) if cost is not None else 1
             hold = any(g in self.tripped for g in gs)
             if not hold:
-                over = [g for g in gs if counts[g] + 1 > self.max_for(g)]
+                over = [g for g in gs if counts[g] + weight > self.max_for(g)]
                 for g in over:
                     limit, limits = self._limit(g)
                     self.tripped[g] = BreakerTrip(g, limit, limits.window, limits.resume, now)
@@ -380,7 +389,7 @@ class CircuitBreaker:
                 continue
             if self.held.pop(key, None) is not None:
                 self._bump()
-            self._admit(key, now, gs)  # counts (the live counter) goes up with it
+            self._admit(key, now, gs, weight)  # counts (the live counter) goes up with it
         for group, trip in self.tripped.items():
             mx, count = self.max_for(group), counts[group]
             if (trip.max, trip.count) != (mx, count):
@@ -434,7 +443,7 @@ class CircuitBreaker:
                 _, a = queue.popleft()
                 for g in [g for g in a.live if g.profile == owner]:
                     a.live.discard(g)
-                    self._live[g] -= 1
+                    self._live[g] -= a.weight
                     if self._live[g] <= 0:
                         del self._live[g]
         return self._live
@@ -451,17 +460,19 @@ class CircuitBreaker:
         oldest = min((a.at for a in self._admitted.values()), default=None)
         self._prune_at = float("inf") if oldest is None else oldest + self._horizon
 
-    def _admit(self, key: DeviceKey, at: float, groups: tuple[BreakerGroup, ...]) -> None:
+    def _admit(
+        self, key: DeviceKey, at: float, groups: tuple[BreakerGroup, ...], weight: int = 1
+    ) -> None:
         old = self._admitted.get(key)
         if old is not None:  # a device counts once: its earlier admission no longer does
             for g in old.live:
-                self._live[g] -= 1
+                self._live[g] -= old.weight
                 if self._live[g] <= 0:
                     del self._live[g]
             old.live.clear()
-        a = self._admitted[key] = _Admission(at, groups, set(groups))
+        a = self._admitted[key] = _Admission(at, groups, set(groups), weight)
         for g in groups:
-            self._live[g] += 1
+            self._live[g] += weight
         for owner in {g.profile for g in groups}:
             self._queues[owner].append((at, a))
         self._passed.add(key)
@@ -500,7 +511,10 @@ class CircuitBreaker:
                 for k, h in held[:MAX_HELD_LISTED]
             ],
             "heldCount": len(held),
-            "admitted": [[str(k), round(a.at, 3)] for k, a in admitted],
+            "admitted": [
+                [str(k), round(a.at, 3), *([a.weight] if a.weight != 1 else [])]
+                for k, a in admitted
+            ],
             "lastResume": self.last_resume,
         }
 
@@ -536,11 +550,14 @@ class CircuitBreaker:
             )
         admitted = value.get("admitted")
         rows = [i for i in admitted if isinstance(i, list)] if isinstance(admitted, list) else []
-        rows.sort(key=lambda i: i[1] if len(i) == 2 and isinstance(i[1], int | float) else 0)
+        rows.sort(key=lambda i: i[1] if len(i) in (2, 3) and isinstance(i[1], int | float) else 0)
         for item in rows:
-            if not (isinstance(item, list) and len(item) == 2):
+            if not (isinstance(item, list) and len(item) in (2, 3)):
                 continue
-            text, raw = item
+            text, raw = item[0], item[1]
+            weight = item[2] if len(item) == 3 else 1
+            if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
+                weight = 1  # not a count a controller wrote: the device alone
             at = self._window_time(raw, now)
             if at is None:
                 continue
@@ -548,7 +565,7 @@ class CircuitBreaker:
                 key = DeviceKey.parse(str(text))
             except ValueError:
                 continue
-            self._admit(key, at, self._restored_groups(key))
+            self._admit(key, at, self._restored_groups(key), min(weight, MAX_WEIGHT))
         last = value.get("lastResume")
         if isinstance(last, Mapping) and isinstance(last.get("at"), str):
             self.last_resume = {"at": last["at"], "by": str(last.get("by", ""))}

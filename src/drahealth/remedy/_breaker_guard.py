@@ -76,6 +76,7 @@ class BreakerGuard:
         written: Callable[[], Iterable[tuple[DeviceKey, float]]] = tuple,
         state: Any,
         now: float,
+        cost: Callable[[DeviceKey, Want], int] | None = None,
     ) -> dict[DeviceKey, Want]:
         """One pass: the wants to carry out (held new taints left out).
 
@@ -83,7 +84,8 @@ class BreakerGuard:
         keys (``get``/``set``); ``carrying()``: devices carrying the controller's taint,
         and ``written()``: taints written earlier with their unix times (the API's
         record of the window), both asked on the first pass only, before anything is
-        written; ``now``: unix seconds.
+        written; ``now``: unix seconds; ``cost(key, want)``: the devices a taint makes
+        unusable (a node taint: its node's), what the limits count.
         """
         b = self.breaker
         if self._started and not b.enabled:
@@ -101,7 +103,7 @@ class BreakerGuard:
         if not b.enabled:
             return wants
         events = b.resume(control.get(RESUME_KEY), now)
-        out, more = b.admit(wants, writes, facts, now)
+        out, more = b.admit(wants, writes, facts, now, cost)
         for event in [*events, *more]:
             self._report(event)
         # trips, resumes and held devices are written at once; the window's bookkeeping

@@ -52,7 +52,7 @@ import json
 import logging
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -114,7 +114,7 @@ from drahealth.remedy._control import (
 )
 from drahealth.remedy._evict import Evictor
 from drahealth.remedy._metrics import ControllerMetrics
-from drahealth.remedy._modes import ModeChoice, ModeError, resolve_mode
+from drahealth.remedy._modes import ModeChoice, ModeError, device_mode, mode_writes, resolve_mode
 from drahealth.remedy._nodes import MAX_REASON, NODE_MODES, NodeDevice, NodeWriter, node_taints
 from drahealth.remedy._ownership import OwnershipGuard
 from drahealth.remedy._quarantine import (
@@ -326,6 +326,7 @@ class RemediationController:
         self._bodies: dict[tuple[DeviceKey, Want, str, str], JSON] = {}  # last pass's bodies
         self._evict_due: float | None = None  # wall time a tolerated eviction falls due
         self._wake = asyncio.Event()
+        self._node_sizes: Counter[str] | None = None  # devices per node, for the breaker
         self._bad_seen: dict[DeviceKey, float] = {}  # first bad observation, for latency
         #: unix time of the first bad observation (provenance): fixed once, resumed from
         #: the rules' and node rows' records, so a restart rewrites nothing
@@ -621,6 +622,7 @@ class RemediationController:
             del self._first_seen_at[key]
         # ownership filter: held (operator untaint) and frozen (opt-out, exclude) devices
         wants = self.ownership.filter(wants, self.control)
+        self._node_sizes = None  # counted again, at most once, in this pass
         wants = self._breaker_pass(wants)  # new taints over a limit are held
         await self._warn_overbroad()
         rule_wants, fallback = self._split(wants, now)
@@ -653,27 +655,16 @@ class RemediationController:
     def device_mode(self, want: Want, key: DeviceKey | None = None) -> str:
         """The mode a device's wanted taint is carried out in (``key``: the device, so
         an observe-only profile's devices are report-only)."""
-        choice = self.choice
-        if choice is None:
-            return "report-only"
-        if key is not None and self.policy.profiles:
+        observe_only = False
+        if key is not None and self.policy.profiles and self.choice is not None:
             profile = self.policy.profile_for(self._facts(key))
-            if profile is not None and profile.observe_only:
-                return "report-only"
-        if choice.fallback_path:
-            rule = self.policy.rule_named(want.rule)
-            if rule is not None and rule.action.fallback:
-                return rule.action.fallback
-        if choice.mode == "taint-rules" and want.effect == "None" and not choice.effect_none:
-            return "report-only"  # the 1.34 alpha API has no effect None
-        return choice.mode
+            observe_only = profile is not None and profile.observe_only
+        return device_mode(self.choice, self.policy, want, observe_only=observe_only)
 
     @staticmethod
     def _writes(mode: str, want: Want) -> bool:
         """Whether ``mode`` does anything for ``want`` (else it is only reported)."""
-        if want.effect == "None" or mode == "report-only":
-            return False
-        return mode != "evict-only" or want.effect == "NoExecute"
+        return mode_writes(mode, want)
 
     def _split(
         self, wants: dict[DeviceKey, Want], now: float
@@ -889,12 +880,33 @@ class RemediationController:
             written=self._written_taints,
             state=self.state,
             now=self._steady_wall(),
+            cost=self._breaker_cost,
         )
 
     def _breaker_counts(self, key: DeviceKey, want: Want) -> bool:
         """Whether carrying ``want`` out writes a taint the breaker counts (the burn-in
         gate's taints are a gate, not a remediation: never held)."""
         return want.rule != BURN_IN_RULE and self._writes(self.device_mode(want, key), want)
+
+    def _breaker_cost(self, key: DeviceKey, want: Want) -> int:
+        """The devices carrying out ``want`` makes unusable: the device itself, or, in
+        modes node-taint and cordon, every device of its node unless drahealth fences
+        that node already (counted once per pass's node)."""
+        if self.device_mode(want, key) not in NODE_MODES:
+            return 1
+        node = self._facts(key).node
+        if not node or node in self.nodes.written():
+            return 1
+        if self._node_sizes is None:  # devices a slice publishes or an agent reports
+            per_node: dict[str, set[DeviceKey]] = {}
+            for k, f in self.model.all_facts().items():
+                if f.node:
+                    per_node.setdefault(f.node, set()).add(k)
+            for k, obs in self.model.observations().items():
+                if obs.node:
+                    per_node.setdefault(obs.node, set()).add(k)
+            self._node_sizes = Counter({n: len(keys) for n, keys in per_node.items()})
+        return max(1, self._node_sizes.get(node, 1))
 
     def _carrying(self) -> set[DeviceKey]:
         """Devices carrying the controller's taint now: its rules and its Node lists."""

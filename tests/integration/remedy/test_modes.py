@@ -309,6 +309,36 @@ async def test_an_operators_waiting_quarantine_claim_is_finished_once_the_device
             assert await claim_dict(client, name) is not None
 
 
+@pytest.mark.parametrize(("fallback", "fenced"), [("node-taint", False), ("quarantine", True)])
+async def test_the_breaker_counts_every_device_a_node_taint_fences(
+    fallback: str, fenced: bool
+) -> None:
+    """With at most half the node's two GPUs fenced, a node taint (both GPUs) is held by
+    the circuit breaker, while a quarantine (one GPU) goes ahead."""
+    extra = f"remediation: {{fallback: {fallback}}}\nlimits: {{cluster: 50%}}\n"
+    async with cluster("1.35") as (client, _paths):
+        await make_node(client)
+        await set_health(client, gpu_0="Healthy", gpu_1="Healthy")
+        async with running(client, RULES, extra) as controller:
+            assert controller.choice is not None and controller.choice.mode == fallback
+            await set_health(client, gpu_0=("Unhealthy", "XID 79"), gpu_1="Healthy")
+            key = DeviceKey("gpu.example.com", NODE, "gpu-0")
+
+            async def decided() -> bool:
+                return bool(controller.breaker.breaker.held) or bool(
+                    controller.quarantine.written()
+                )
+
+            await eventually(decided, 5.0, "the breaker's decision")
+            assert (key in controller.quarantine.written()) is fenced
+            assert (key in controller.breaker.breaker.held) is not fenced
+            if not fenced:
+                assert not (await node_dict(client))["spec"].get("taints")
+                await eventually(
+                    lambda: events(client, "RemediationPaused"), 5.0, "RemediationPaused"
+                )
+
+
 async def _none(value: Any) -> bool:
     return (await value) is None
 

@@ -307,3 +307,38 @@ def test_state_value_is_bounded() -> None:
     text = json.dumps(b.state())
     assert b.state()["heldCount"] == 3999 and len(b.state()["held"]) == 300
     assert len(text.encode()) < 256 * 1024
+
+
+def test_a_taint_counts_the_devices_it_makes_unusable() -> None:
+    """A node taint fences every device of its node: the limits count all of them, so
+    with 10 % of 80 GPUs allowed, the first node taint (8 GPUs) fits and the second trips;
+    the weights survive a restart through the state."""
+    facts = devices(10)  # 80 devices, 8 per node
+    b = breaker(Limits(cluster=parse_limit("10%")), facts)
+    first, second = DeviceKey(DRIVER, "node-0", "gpu-0"), DeviceKey(DRIVER, "node-1", "gpu-0")
+    wants = {first: want(), second: want()}
+
+    def node_taint(_key: DeviceKey, _want: Want) -> int:
+        return 8
+
+    out, events = b.admit(wants, lambda _k, w: True, facts.__getitem__, T0, node_taint)
+    assert set(out) == {first} and set(b.held) == {second}
+    [event] = events
+    assert (event.max, event.count) == (8, 8)
+    state = json.loads(json.dumps(b.state()))
+    assert state["admitted"] == [[str(first), T0, 8]]
+    again = breaker(Limits(cluster=parse_limit("10%")), facts)
+    again.restore(state, T0 + 1)
+    out, _ = again.admit(
+        {second: want()}, lambda _k, w: True, facts.__getitem__, T0 + 1, lambda _k, _w: 1
+    )
+    assert not out  # 8 counted already (tripped and held); one more does not fit
+    # hostile weights from the state: not a count a controller wrote counts as one
+    for weight in (0, -5, True, "8", 1.5, None):
+        other = breaker(Limits(cluster=parse_limit("10%")), facts)
+        other.restore({"admitted": [[str(first), T0, weight]]}, T0 + 1)
+        out, _ = other.admit({second: want()}, lambda _k, w: True, facts.__getitem__, T0 + 1)
+        assert set(out) == {second}, weight
+    huge = breaker(Limits(cluster=parse_limit("100%")), facts)
+    huge.restore({"admitted": [[str(first), T0, 10**12]]}, T0 + 1)
+    assert huge.state()["admitted"] == [[str(first), T0, 4096]]  # bounded

@@ -86,6 +86,9 @@ def test_dry_run_without_effect_none_runs_report_only_and_says_why() -> None:
 # -- node writes -------------------------------------------------------------------------
 
 
+DEV0 = "gpu.example.com/node-1/gpu-0"
+
+
 def dev(name: str, mode: str = "node-taint", effect: str = "NoExecute") -> NodeDevice:
     return NodeDevice(
         DeviceKey("gpu.example.com", "node-1", name),
@@ -112,7 +115,10 @@ def test_node_taint_is_noschedule_names_the_device_and_keeps_others_taints() -> 
         FOREIGN,
         {"key": "drahealth.io/unhealthy", "value": "gpu-0", "effect": "NoSchedule"},
     ]
-    assert changes == ["tainted node drahealth.io/unhealthy=gpu-0:NoSchedule"]
+    assert changes == [
+        "tainted node drahealth.io/unhealthy=gpu-0:NoSchedule",
+        f"listed {DEV0} (bad, wants NoExecute, rule xid)",
+    ]
     annotations = out["metadata"]["annotations"]
     assert json.loads(annotations[ANNOTATION_TAINTS]) == [["drahealth.io/unhealthy", "NoSchedule"]]
     (row,) = json.loads(annotations[ANNOTATION_DEVICES])
@@ -133,7 +139,10 @@ def test_recovery_removes_only_what_drahealth_wrote() -> None:
     assert clean["spec"]["taints"] == [FOREIGN, {"key": "other", "effect": "NoExecute"}]
     assert ANNOTATION_TAINTS not in clean["metadata"]["annotations"]
     assert ANNOTATION_DEVICES not in clean["metadata"]["annotations"]
-    assert changes == ["removed node taint drahealth.io/unhealthy:NoSchedule"]
+    assert changes == [
+        "removed node taint drahealth.io/unhealthy:NoSchedule",
+        f"{DEV0} recovered: no longer listed",
+    ]
 
 
 def test_a_foreign_taint_with_our_key_is_neither_adopted_nor_removed() -> None:
@@ -146,12 +155,14 @@ def test_a_foreign_taint_with_our_key_is_neither_adopted_nor_removed() -> None:
 
 def test_cordon_never_uncordons_a_node_an_operator_cordoned() -> None:
     cordoned, changes = plan_node(node(), [dev("gpu-0", "cordon")])
-    assert cordoned["spec"]["unschedulable"] is True and changes == ["cordoned node"]
+    assert cordoned["spec"]["unschedulable"] is True
+    assert changes == ["cordoned node", f"listed {DEV0} (bad, wants NoExecute, rule xid)"]
     assert (
         "gpu.example.com/node-1/gpu-0" in cordoned["metadata"]["annotations"][ANNOTATION_CORDONED]
     )
     back, changes = plan_node(cordoned, [])
-    assert "unschedulable" not in back["spec"] and changes == ["uncordoned node"]
+    assert "unschedulable" not in back["spec"]
+    assert changes == ["uncordoned node", f"{DEV0} recovered: no longer listed"]
     # an operator's cordon: drahealth lists the device but never claims the cordon
     ops, _ = plan_node(node(unschedulable=True), [dev("gpu-0", "cordon")])
     assert ANNOTATION_CORDONED not in ops["metadata"]["annotations"]
