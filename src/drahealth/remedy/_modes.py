@@ -4,7 +4,9 @@ Owns :class:`ModeChoice` (the running mode, the reason in words, the DeviceTaint
 ``apiVersion`` used or none, the server's version, whether the served rule API has the
 taint effect ``None``) and :func:`resolve_mode`, which maps the operator's request
 (``--remediation-mode`` or the policy's ``remediation``), what discovery found and the
-dry-run switch onto it. The choice itself among served APIs is the core's
+dry-run switch onto it, and :func:`device_mode` / :func:`mode_writes`: the mode one bad
+device's wanted taint is carried out in, and whether that writes anything. The choice
+itself among served APIs is the core's
 :func:`~drahealth.core.choose_remediation_mode`; this adds what the controller needs on
 top: a dry run where effect ``None`` does not exist (Kubernetes 1.34) or where no rule is
 written runs report-only, said so. No I/O.
@@ -16,9 +18,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from drahealth.core import choose_remediation_mode
+from drahealth.core import Policy, Want, choose_remediation_mode
 
-__all__ = ["ModeChoice", "ModeError", "resolve_mode"]
+__all__ = ["ModeChoice", "ModeError", "device_mode", "mode_writes", "resolve_mode"]
 
 GROUP = "resource.k8s.io"
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)")
@@ -110,3 +112,28 @@ def resolve_mode(
                 False,
             )
     return ModeChoice(mode, why, rules_api, server_version, fallback_path, effect_none)
+
+
+def device_mode(
+    choice: ModeChoice | None, policy: Policy, want: Want, *, observe_only: bool = False
+) -> str:
+    """The mode ``want`` is carried out in under ``choice``: report-only without a
+    choice or for an observe-only profile's device; a rule's own ``action.fallback``
+    where ``auto`` fell back; report-only for effect ``None`` where the served rule API
+    lacks it (1.34); else the running mode."""
+    if choice is None or observe_only:
+        return "report-only"
+    if choice.fallback_path:
+        rule = policy.rule_named(want.rule)
+        if rule is not None and rule.action.fallback:
+            return rule.action.fallback
+    if choice.mode == "taint-rules" and want.effect == "None" and not choice.effect_none:
+        return "report-only"
+    return choice.mode
+
+
+def mode_writes(mode: str, want: Want) -> bool:
+    """Whether ``mode`` does anything for ``want`` (else it is only reported)."""
+    if want.effect == "None" or mode == "report-only":
+        return False
+    return mode != "evict-only" or want.effect == "NoExecute"
