@@ -4,7 +4,10 @@ Owns the checks, one line each (``ok``, ``warn`` or ``FAIL``, every failure with
 
 * the kubeconfig, the API server answering, its release within 1.34-1.38 (outside: warn);
 * which ``resource.k8s.io`` version serves each DRA kind, ResourceClaim and ResourceSlice
-  at ``v1`` (a blocker otherwise), and the remediation mode that follows;
+  at ``v1`` (a blocker otherwise), and the remediation mode that follows, with what it
+  costs (``mode-cost``): in ``node-taint`` and ``cordon`` one bad device fences every
+  device of its node (the average number of devices per node is read from up to
+  :data:`SLICE_PAGE` ResourceSlices), in ``quarantine`` and ``taint-rules`` only itself;
 * the RBAC of each component, asked of the server with SelfSubjectAccessReviews for
   exactly the verbs the component uses (:data:`PERMISSIONS`, the chart's roles; what its
   configuration turns on, :class:`Setup`, from the flags and ``--policy``), as the
@@ -66,6 +69,8 @@ __all__ = [
 
 #: Largest answer read from the server, in bytes (a discovery document is a few KB).
 MAX_BODY = 4 * 1024 * 1024
+#: ResourceSlices read to count devices per node for ``mode-cost`` (one page).
+SLICE_PAGE = 500
 #: DeviceTaintRules read at most (pages of 500).
 MAX_RULES = 10_000
 #: Names of over-broad rules shown in one line.
@@ -321,6 +326,53 @@ def _mode_check(served: ServedAPIs, requested: str) -> tuple[Check, str | None]:
     return Check("mode", "warn", f"remediation mode {requested} -> {mode} ({why})", fix), mode
 
 
+def _devices_per_node(api: _Api, served: ServedAPIs) -> float | None:
+    """Devices per node on average, from one page of ResourceSlices (None: unknown, or
+    no slice names a node)."""
+    version = served.chosen("ResourceSlice")
+    if version is None:
+        return None
+    try:
+        doc = api.get_json(f"/apis/{DRA_GROUP}/{version}/resourceslices?limit={SLICE_PAGE}")
+    except Problem:
+        return None
+    items = doc.get("items") if isinstance(doc, dict) else None
+    per_node: dict[str, set[tuple[str, str, str]]] = {}
+    for s in items if isinstance(items, list) else []:
+        spec = s.get("spec") if isinstance(s, dict) else None
+        if not isinstance(spec, dict) or not isinstance(spec.get("nodeName"), str):
+            continue
+        pool = spec.get("pool")
+        pool_name = str(pool.get("name") or "") if isinstance(pool, dict) else ""
+        devices = spec.get("devices")
+        names = per_node.setdefault(spec["nodeName"], set())
+        for d in devices if isinstance(devices, list) else []:
+            if isinstance(d, dict) and isinstance(d.get("name"), str):
+                names.add((str(spec.get("driver") or ""), pool_name, d["name"]))
+    if not per_node:
+        return None
+    return sum(len(v) for v in per_node.values()) / len(per_node)
+
+
+def _cost_check(api: _Api, served: ServedAPIs, mode: str) -> Check:
+    """What one bad device costs in ``mode``: the devices it keeps new pods off."""
+    if mode in ("node-taint", "cordon"):
+        average = _devices_per_node(api, served)
+        here = (
+            f"{average:.1f}".removesuffix(".0") + " devices per node on average here"
+            if average is not None
+            else "no ResourceSlice here names a node yet"
+        )
+        text = f"a bad device fences every device of its node ({here})"
+    elif mode in ("quarantine", "taint-rules"):
+        text = "a bad device fences only itself"
+    elif mode == "evict-only":
+        text = "nothing is fenced: a bad device's pods are evicted, new pods may still get it"
+    else:
+        text = "nothing is fenced or evicted"
+    return Check("mode-cost", "ok", f"remediation mode {mode}: {text}")
+
+
 def needed(
     component: str, setup: Setup, namespace: str
 ) -> Iterator[tuple[str, str, str, str, str]]:
@@ -539,6 +591,8 @@ def _cluster_checks(
         check, mode = _mode_check(served, requested_mode)
         facts["mode"] = mode
         out.append(check)
+        if mode is not None:
+            out.append(_cost_check(api, served, mode))
     setup = replace(setup, mode=mode)
     for component in components:
         try:

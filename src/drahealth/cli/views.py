@@ -11,6 +11,15 @@ Exit codes: 0 ok; 1 the API could not be used (one ``error:`` line naming what f
 and what to check); 2 usage error; 3 (``status``, ``pods``; not with ``-w``) a pod uses a
 bad device: Unhealthy or Unknown, or (``status``) under a NoExecute taint.
 
+Where the controller fences without DeviceTaintRules, ``status`` lists every device its
+node taint or cordon keeps new pods off, Healthy ones too (``FENCED`` column, JSON
+``fencedBy``: the node and the bad devices it is for, or the quarantine claim that holds
+the device; at most :data:`MAX_FENCED_ROWS` such Healthy rows, the rest counted), and
+``pods`` lists the Pending pods those fences block (``Pending: blocked by node/<name>
+taint <key>``, ``Pending: no free device (N quarantined)``; JSON ``blockedBy``; at most
+:data:`~drahealth.remedy.MAX_BLOCKED_PODS`, the rest counted). See
+:mod:`drahealth.remedy._view` for what counts as drahealth's fence.
+
 Device health is read from the node agents' records in ``--agent-namespace`` only (see
 :mod:`drahealth.core`). Text from the API is shown as plain text: escape sequences and
 control characters removed. Where RBAC forbids cluster-wide reads of pods, ``-A`` falls
@@ -31,9 +40,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import httpx2
@@ -58,6 +67,9 @@ from drahealth.core import (
 )
 from drahealth.kube import DiscoveryError, ServedAPIs, discover_sync, to_internal
 
+if TYPE_CHECKING:
+    from drahealth.remedy import Fences
+
 __all__ = ["history_command", "pods_command", "status_command"]
 
 #: Exit code of ``status``/``pods`` when a pod uses a bad device.
@@ -68,6 +80,11 @@ BAD_HEALTH = frozenset({"Unhealthy", "Unknown"})
 COALESCE_SECONDS = 0.3
 #: Longest wait before a broken watch is opened again.
 MAX_RETRY_SECONDS = 10.0
+#: Healthy devices ``status`` lists because a fence of drahealth covers them (the rest
+#: are counted in a line after the table).
+MAX_FENCED_ROWS = 100
+#: Node fences ``status`` describes in a line each (the rest are counted).
+MAX_FENCE_LINES = 10
 #: Namespaces whose pods and claims ``history`` reads to check pod Events (see
 #: :func:`drahealth.remedy.history_source`); Events in further namespaces are not shown.
 MAX_HOLDER_NAMESPACES = 100
@@ -255,7 +272,7 @@ def status_view(
     """The ``status`` listing as of ``now``."""
     from drahealth.cli._inventory import device_rows
     from drahealth.cli._remediation import read_remediation_state, remediation_lines
-    from drahealth.remedy import STATE_CONFIGMAP
+    from drahealth.remedy import STATE_CONFIGMAP, device_facts, fenced_devices, read_fences
 
     client = access.sync_client()
     unserved: set[str] = set()
@@ -270,16 +287,31 @@ def status_view(
             health = agent_records(
                 _list(client, ConfigMap, agent_namespace, labels=LABELS), agent_namespace
             )
+            claims = _list_dra(client, served, "ResourceClaim", scope, unserved)
+            slices = _list_dra(client, served, "ResourceSlice", None, unserved)
+            nodes = _list_nodes(client)
+            fence_claims = (
+                claims
+                if scope is None or scope == ctl_ns
+                else _quarantine_claims(client, served, ctl_ns, notes.append)
+            )
+            fences = read_fences(nodes, fence_claims, ctl_ns)
+            on_node: dict[str, list[DeviceKey]] = {}
+            if fences.nodes:
+                for key, facts in device_facts(slices).items():
+                    on_node.setdefault(facts.node, []).append(key)
+            fenced = {str(k): f for k, f in fenced_devices(fences, on_node).items()}
+            held = state.devices()
             rows = device_rows(
                 health,
                 _list(client, Pod, scope),
-                _list_dra(client, served, "ResourceClaim", scope, unserved),
-                _list_dra(client, served, "ResourceSlice", None, unserved),
+                claims,
+                slices,
                 _list_dra(client, served, "DeviceTaintRule", None, unserved),
                 now,
                 _warn,
-                _list_nodes(client),
-                also=state.devices(),
+                nodes,
+                also=set(held) | fenced.keys(),
             )
     finally:
         client.close()
@@ -289,6 +321,9 @@ def status_view(
     said += [f"note: configmap {ctl_ns}/{STATE_CONFIGMAP}: {n}" for n in state.notes]
     for r in rows:
         r["remediation"] = state.device_state(r["device"], now)
+        fence = fenced.get(r["device"])
+        r["fencedBy"] = fence.as_json() if fence is not None else None
+    rows, hidden = _bound_fenced(rows, set(held), fenced.keys())
     sources = [
         ("Pod", scope),
         ("ResourceClaim", scope),
@@ -299,14 +334,87 @@ def status_view(
     ]
     if ctl_ns != agent_namespace:
         sources.append(("ConfigMap", ctl_ns))
+    if scope is not None and scope != ctl_ns:
+        sources.append(("ResourceClaim", ctl_ns))  # quarantine claims
     return View(
         rows,
         _header(served, recorded, unserved),
-        remediation_lines(state, now),
+        _fence_lines(fences, on_node, hidden) + remediation_lines(state, now),
         any(_bad(r) and r["consumers"] for r in rows),
         said,
         sources,
     )
+
+
+def _quarantine_claims(
+    client: Client, served: ServedAPIs, namespace: str, note: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    """The ResourceClaims of the controller's namespace (its quarantine claims are
+    there); none where they cannot be read, with a note when access is denied."""
+    resource = served.resource("ResourceClaim")
+    if resource is None:
+        return []
+    try:
+        return [to_internal(o.to_dict()) for o in client.list(resource, namespace=namespace)]
+    except ApiError as exc:
+        if exc.status.code == 403:
+            note(
+                f"no access to ResourceClaims in {namespace} ({exc.status.message}): "
+                "quarantine claims not shown"
+            )
+            return []
+        if exc.status.code == 404:
+            return []
+        raise
+
+
+def _bound_fenced(
+    rows: list[dict[str, Any]], held: set[str], fenced: Iterable[str]
+) -> tuple[list[dict[str, Any]], int]:
+    """``rows`` with at most :data:`MAX_FENCED_ROWS` of those listed only because a
+    fence covers them (Healthy, untainted, no controller state); how many fenced devices
+    are not listed (cut here, or with no health record to show)."""
+    out, shown = [], 0
+    for r in rows:
+        only_fenced = (
+            r["fencedBy"] is not None
+            and r["health"] == "Healthy"
+            and not r["taints"]
+            and r["device"] not in held
+        )
+        if only_fenced:
+            shown += 1
+            if shown > MAX_FENCED_ROWS:
+                continue
+        out.append(r)
+    listed = {r["device"] for r in out if r["fencedBy"] is not None}
+    return out, sum(1 for key in fenced if key not in listed)
+
+
+def _fence_lines(fences: Fences, on_node: dict[str, list[DeviceKey]], hidden: int) -> list[str]:
+    """What drahealth's fences keep new pods off, in a few lines."""
+    lines = []
+    node_fences = fences.node_list()
+    for fence in node_fences[:MAX_FENCE_LINES]:
+        n = len(set(on_node.get(fence.name, ())) | set(fence.devices))
+        lines.append(
+            f"fenced by drahealth: {fence.text()}: no new pod gets any of the node's "
+            f"{n} device{'s' * (n != 1)}"
+        )
+    if len(node_fences) > MAX_FENCE_LINES:
+        lines.append(f"fenced by drahealth: {len(node_fences) - MAX_FENCE_LINES} more node fences")
+    if fences.claims:
+        n = len(fences.claims)
+        lines.append(
+            f"fenced by drahealth: {n} device{'s' * (n != 1)} held by quarantine claims "
+            "(each fences only itself)"
+        )
+    if hidden:
+        lines.append(
+            f"{hidden} more fenced device{'s' * (hidden != 1)} not listed "
+            "(Healthy, or without a health record)"
+        )
+    return lines
 
 
 def _status_machine(row: dict[str, Any]) -> dict[str, Any]:
@@ -318,10 +426,13 @@ def _status_machine(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _status_table(now: float) -> Callable[[list[dict[str, Any]], bool], Any]:
+    from drahealth.remedy import fence_text
+
     def table(rows: list[dict[str, Any]], wide: bool) -> tuple[list[str], list[list[str]]]:
         marked = any(r["remediation"].get("markers") for r in rows)
+        fenced = any(r.get("fencedBy") for r in rows)
         headers = ["NODE", "DEVICE", "HEALTH", "AGE", "MESSAGE", "TAINTS", "PODS"]
-        headers += ["REMEDIATION"] * marked + ["SOURCE"] * wide
+        headers += ["REMEDIATION"] * marked + ["FENCED"] * fenced + ["SOURCE"] * wide
         cells = []
         for r in rows:
             taints = ", ".join(
@@ -344,6 +455,8 @@ def _status_table(now: float) -> Callable[[list[dict[str, Any]], bool], Any]:
             ]
             if marked:
                 line.append(",".join(r["remediation"].get("markers", [])) or "<none>")
+            if fenced:
+                line.append(fence_text(r["fencedBy"]) if r.get("fencedBy") else "<none>")
             if wide:
                 line.append(r["source"] or "<none>")
             cells.append(line)
@@ -412,22 +525,104 @@ def status_command(
         sys.exit(EXIT_BAD_DEVICES_IN_USE)
 
 
-def pods_view(access: Access) -> View:
+def pods_view(access: Access, controller_ns: str | None = None) -> View:
     from drahealth.cli._inventory import pod_rows
 
     client = access.sync_client()
     unserved: set[str] = set()
+    notes: list[str] = []
     scope = access.scope
     try:
         with access.failures():
             served = _discover(client)
             claims = _list_dra(client, served, "ResourceClaim", scope, unserved)
-            rows = pod_rows(_list(client, Pod, scope), claims)
+            pods = _list(client, Pod, scope)
+            rows = pod_rows(pods, claims)
+            for r in rows:
+                r["blockedBy"] = None
+            blocked, more = _blocked_rows(
+                client, access, served, pods, claims, controller_ns, unserved, notes
+            )
+            rows = sorted(rows + blocked, key=lambda r: (r["namespace"], r["pod"], r["device"]))
     finally:
         client.close()
     said = [f"note: {not_served_note(kind, served, None)}" for kind in sorted(unserved)]
+    said += [f"note: {n}" for n in notes]
+    after = []
+    if more:
+        after.append(
+            f"{more} more Pending pod{'s' * (more != 1)} blocked by drahealth's fences not listed"
+        )
     bad = any(r["health"] in BAD_HEALTH for r in rows)
-    return View(rows, [], [], bad, said, [("Pod", scope), ("ResourceClaim", scope)])
+    return View(rows, [], after, bad, said, [("Pod", scope), ("ResourceClaim", scope)])
+
+
+def _blocked_rows(
+    client: Client,
+    access: Access,
+    served: ServedAPIs,
+    pods: list[dict[str, Any]],
+    claims: list[dict[str, Any]],
+    controller_ns: str | None,
+    unserved: set[str],
+    notes: list[str],
+) -> tuple[list[dict[str, Any]], int]:
+    """Rows for the Pending pods drahealth's fences block, and how many more there are.
+
+    Nodes are read only when a pod waits on a taint or a cordon, the controller's
+    namespace and DeviceClasses only when one finds no free device."""
+    from drahealth.remedy import (
+        CORDONED_WORDS,
+        NO_DEVICE_WORDS,
+        TAINT_WORDS,
+        blocked_pods,
+        claims_by_name,
+        class_drivers,
+        read_fences,
+        unschedulable,
+    )
+
+    waiting = [m for m in (unschedulable(p) for p in pods) if m is not None]
+    on_nodes = any(TAINT_WORDS in m or CORDONED_WORDS in m for m in waiting)
+    on_devices = any(NO_DEVICE_WORDS in m for m in waiting)
+    if not (on_nodes or on_devices):
+        return [], 0
+    nodes = _list_nodes(client) if on_nodes else []
+    ctl_ns: str | None = None
+    fence_claims: list[dict[str, Any]] = []
+    if on_devices:
+        ctl_ns = controller_namespace(client, controller_ns, access, notes.append)
+        in_scope = access.scope is None or access.scope == ctl_ns
+        fence_claims = (
+            claims if in_scope else _quarantine_claims(client, served, ctl_ns, notes.append)
+        )
+    fences = read_fences(nodes, fence_claims, ctl_ns)
+    found, total = blocked_pods(
+        pods,
+        fences,
+        claims=claims_by_name(claims),
+        drivers_of_class=lambda: class_drivers(
+            _list_dra(client, served, "DeviceClass", None, unserved)
+        ),
+    )
+    rows = [
+        {
+            "namespace": b.namespace,
+            "pod": b.pod,
+            "node": "",
+            "phase": "Pending",
+            "claim": "",
+            "request": "",
+            "device": "",
+            "health": "-",
+            "message": b.message,
+            "source": "PodScheduled",
+            "blockedBy": list(b.by),
+            "scheduler": b.scheduler,
+        }
+        for b in found
+    ]
+    return rows, total - len(found)
 
 
 def _pods_table(rows: list[dict[str, Any]], wide: bool) -> tuple[list[str], list[list[str]]]:
@@ -435,10 +630,12 @@ def _pods_table(rows: list[dict[str, Any]], wide: bool) -> tuple[list[str], list
     headers += ["PHASE", "CLAIM", "SOURCE"] * wide
     cells = []
     for r in rows:
-        line = [r["namespace"], r["pod"], r["node"] or "<none>", r["device"], r["health"]]
+        device = r["device"] or "<none>"
+        line = [r["namespace"], r["pod"], r["node"] or "<none>", device, r["health"]]
         line.append(r["message"] or "<none>")
         if wide:
-            line += [r["phase"], f"{r['claim']}/{r['request']}", r["source"] or "<none>"]
+            claim = f"{r['claim']}/{r['request']}" if r["claim"] else "<none>"
+            line += [r["phase"], claim, r["source"] or "<none>"]
         cells.append(line)
     return headers, cells
 
@@ -452,28 +649,33 @@ def _print_pods(view: View, output: Output, access: Access) -> None:
         name=lambda r: f"pod/{r['pod']}",
         empty=f"No pods using DRA devices found {access.where()}.",
     )
+    _say(view.after, output.machine)
 
 
 @click.command("pods")
 @api_options(namespaced=True)
 @OUTPUT
 @_WATCH
-def pods_command(access: Access, output: Output, watch: bool) -> None:
+@_CONTROLLER_NAMESPACE
+def pods_command(access: Access, output: Output, watch: bool, controller_ns: str | None) -> None:
     """Per pod: its devices and their health, as the pod status shows it (else as the
     driver's claim condition does).
 
+    Pending pods that drahealth's node taint, cordon or quarantine claims keep from
+    scheduling are listed too ("Pending: blocked by node/NAME taint KEY", "Pending: no
+    free device (N quarantined)"; JSON "blockedBy"), at most 50, the rest counted.
     -o wide names the source of each health. Exits 3 when a pod listed has a device
     that is Unhealthy or Unknown.
     """
     if watch:
 
         def listing() -> Listing:
-            v = pods_view(access)
+            v = pods_view(access, controller_ns)
             return v.rows, lambda: _print_pods(v, output, access), v.sources
 
         _watch(access, listing)
         return
-    view = pods_view(access)
+    view = pods_view(access, controller_ns)
     _print_pods(view, output, access)
     if view.bad_in_use:
         sys.exit(EXIT_BAD_DEVICES_IN_USE)

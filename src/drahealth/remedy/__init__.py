@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     )
     from drahealth.remedy._policy_load import load_policy, parse_policy
     from drahealth.remedy._provenance import history_source, recorded_by
+    from drahealth.remedy._quarantine import quarantine_claim_name
     from drahealth.remedy._rules import (
         CONTROLLER_LABEL,
         DEFAULT_TAINT_KEY,
@@ -89,6 +90,7 @@ _EXPORTS: dict[str, str] = {
     "ModeChoice": "drahealth.remedy._modes",
     "ModeError": "drahealth.remedy._modes",
     "resolve_mode": "drahealth.remedy._modes",
+    "quarantine_claim_name": "drahealth.remedy._quarantine",
     "device_mode": "drahealth.remedy._modes",
     "mode_writes": "drahealth.remedy._modes",
     "RuleAPIUnavailable": "drahealth.remedy._operator",
@@ -182,6 +184,7 @@ __all__ = [
     "parse_device",
     "parse_policy",
     "pod_observations",
+    "quarantine_claim_name",
     "read_fences",
     "read_state",
     "recorded_by",

@@ -20,6 +20,15 @@ small whatever the fleet's size), and per device, that device's entries and mark
 ``BURN-IN``; ``{}`` when none applies). Devices the state names that no slice or record
 knows are counted, not drawn.
 
+Where the controller fences without DeviceTaintRules, a device that drahealth's node
+taint or cordon covers (every device of that node), or that a quarantine claim in the
+controller's namespace holds, carries ``fencedBy`` (the node or claim, its mode and the
+bad devices it is for: :meth:`~drahealth.remedy.Fence.as_json`; absent otherwise), and
+the page-wide ``pending`` lists the Pending pods those fences block (``pods``: at most
+:data:`~drahealth.remedy.MAX_BLOCKED_PODS`, each with its ``message`` and ``blockedBy``;
+``total``: how many). Without DeviceClasses to read, a pod that finds no free device is
+counted against every quarantined device, whatever its driver.
+
 :func:`fleet_state` builds the same from parts a long-running reader keeps up to date
 (the core's :class:`~drahealth.core.ClusterModel` fed by watches, each record decoded
 once, each slice's devices, each pod's eviction facts), so a change costs no rebuild of
@@ -30,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from drahealth.core import (
@@ -41,7 +50,13 @@ from drahealth.core import (
     RemediationState,
     decode_devices,
 )
-from drahealth.remedy import device_taints, recorded_by
+from drahealth.remedy import (
+    blocked_pods,
+    device_taints,
+    fenced_devices,
+    read_fences,
+    recorded_by,
+)
 
 __all__ = [
     "Context",
@@ -74,8 +89,10 @@ def snapshot(
     remediation: RemediationState | None = None,
     now: float = 0.0,
     blocked_events: list[JSON] | None = None,
+    quarantine_namespace: str | None = None,
 ) -> JSON:
-    """The page's state; ``now`` (unix time) decides which operator holds have expired."""
+    """The page's state; ``now`` (unix time) decides which operator holds have expired;
+    ``quarantine_namespace``: the controller's, where its quarantine claims are."""
     model = ClusterModel()
     for kind, objs in zip(_KINDS, (claims, pods, slices, rules), strict=True):
         for obj in objs:
@@ -94,6 +111,9 @@ def snapshot(
         remediation=remediation,
         now=now,
         blocked_events=blocked_events,
+        claim_objects=claims,
+        quarantine_namespace=quarantine_namespace,
+        pod_objects=pods,
     )
 
 
@@ -133,6 +153,10 @@ class Context:
     state: RemediationState
     named: set[str]
     now: float
+    #: each fenced device's ``fencedBy``
+    fenced: dict[DeviceKey, JSON] = field(default_factory=dict)
+    #: the page-wide ``pending``: the Pending pods drahealth's fences block
+    pending: JSON = field(default_factory=lambda: {"pods": [], "total": 0})
 
 
 def fleet_context(
@@ -143,15 +167,50 @@ def fleet_context(
     remediation: RemediationState | None = None,
     now: float = 0.0,
     blocked_events: list[JSON] | None = None,
+    claim_objects: Iterable[JSON] = (),
+    quarantine_namespace: str | None = None,
+    pod_objects: Iterable[JSON] = (),
 ) -> Context:
     """The :class:`Context` of a model of claims, pods, slices and rules and the pods'
-    :func:`pod_facts`."""
+    :func:`pod_facts`; ``claim_objects`` in ``quarantine_namespace`` (the controller's)
+    and ``node_objects`` say what drahealth fences, ``pod_objects`` (Pending ones are
+    enough) which pods that blocks."""
     state = remediation if remediation is not None else RemediationState()
     taints = {key: [t.as_dict() for t in ts] for key, ts in model.all_taints().items()}
     for key, more in device_taints((), (), node_objects or ()).items():  # node-level modes
         taints.setdefault(key, []).extend(more)
     leaving = _leaving(pods, blocked_events or ())
-    return Context(taints, model.all_consumers(), leaving, state, state.devices(), now)
+    fenced, pending = _fences(model, node_objects or (), claim_objects, quarantine_namespace,
+                              pod_objects)  # fmt: skip
+    return Context(
+        taints, model.all_consumers(), leaving, state, state.devices(), now, fenced, pending
+    )
+
+
+def _fences(
+    model: ClusterModel,
+    nodes: Iterable[JSON],
+    claims: Iterable[JSON],
+    namespace: str | None,
+    pods: Iterable[JSON],
+) -> tuple[dict[DeviceKey, JSON], JSON]:
+    """Each fenced device's ``fencedBy`` (one JSON object per fence, shared), and the
+    page's ``pending``."""
+    fences = read_fences(nodes, claims, namespace)
+    if not fences:
+        return {}, {"pods": [], "total": 0}
+    on_node: dict[str, list[DeviceKey]] = {}
+    if fences.nodes:
+        for key, facts in model.all_facts().items():
+            if facts.node in fences.nodes:
+                on_node.setdefault(facts.node, []).append(key)
+    shown: dict[Any, JSON] = {}
+    fenced = {
+        key: shown[fence] if fence in shown else shown.setdefault(fence, fence.as_json())
+        for key, fence in fenced_devices(fences, on_node).items()
+    }
+    found, total = blocked_pods(pods, fences)
+    return fenced, {"pods": [b.as_json() for b in found], "total": total}
 
 
 def health(
@@ -189,13 +248,17 @@ def fleet_state(
     remediation: RemediationState | None = None,
     now: float = 0.0,
     blocked_events: list[JSON] | None = None,
+    claim_objects: Iterable[JSON] = (),
+    quarantine_namespace: str | None = None,
+    pod_objects: Iterable[JSON] = (),
 ) -> JSON:
     """The page's state from a model of claims, pods, slices and rules, the slices'
     ``(node, device)`` pairs, the agents' decoded records (later ones win) and the pods'
-    :func:`pod_facts`."""
+    :func:`pod_facts` (fences: see :func:`fleet_context`)."""
     ctx = fleet_context(
         model, pods, node_objects=node_objects, remediation=remediation, now=now,
-        blocked_events=blocked_events,
+        blocked_events=blocked_events, claim_objects=claim_objects,
+        quarantine_namespace=quarantine_namespace, pod_objects=pod_objects,
     )  # fmt: skip
     seen = health(model, records, warn)
     nodes: dict[str, list[JSON]] = {}
@@ -208,6 +271,7 @@ def fleet_state(
             nodes.setdefault(obs.node or "(no node)", []).append(device_entry(key, obs, ctx))
     return {
         "remediation": ctx.state.summary(),
+        "pending": ctx.pending,
         "nodes": [
             {
                 "name": name,
@@ -233,7 +297,8 @@ def device_entry(key: DeviceKey, obs: Observation | None, ctx: Context) -> JSON:
         elif why and mine:
             blocked.append({"pod": name, "message": why})
     text = str(key)
-    return {
+    fenced = ctx.fenced.get(key)
+    out: JSON = {
         "key": text,
         "driver": key.driver,
         "pool": key.pool,
@@ -247,6 +312,9 @@ def device_entry(key: DeviceKey, obs: Observation | None, ctx: Context) -> JSON:
         "blocked": blocked,
         "remediation": ctx.state.device_state(text, ctx.now) if text in ctx.named else {},
     }
+    if fenced is not None:
+        out["fencedBy"] = fenced
+    return out
 
 
 def _leaving(pods: PodFacts, events: Iterable[JSON]) -> dict[tuple[str, str], str | None]:
