@@ -20,15 +20,26 @@ a rule that taints nothing), unless ``--force``. ``untaint`` of a rule the remed
 controller made says what the controller does next (it holds the device for the
 policy's ``ownership.manualUntaintHold``, or for ``--hold``).
 
+Where the server serves no DeviceTaintRule API but ``resource.k8s.io/v1``
+ResourceClaims (Kubernetes 1.34-1.36 with their default gates), ``taint`` fences the
+device with the operator's quarantine claim in the controller's namespace instead: a
+claim allocated to exactly that device, so the scheduler counts it as in use (like
+``NoSchedule``); while another claim holds the device it stays ``pending`` and the line
+names the holders. ``NoExecute`` (and ``None``) are refused there: this release has no
+device taint eviction. ``untaint`` deallocates, then deletes, the operator's and the
+controller's quarantine claims of the device and key; ``--hold`` works as everywhere.
+
 The cluster is found as kubectl finds it (``--kubeconfig``, ``$KUBECONFIG``,
 ``--context``; :mod:`drahealth.cli._access`). DeviceTaintRules are cluster-scoped;
-``untaint -n`` names the controller's namespace (for holds), found from the
-controller's ConfigMaps when not given.
+``-n`` names the controller's namespace (for holds, and for quarantine claims), found
+from the controller's ConfigMaps when not given.
 
-Exit codes: 0 done, 1 API error, API unreachable, no DeviceTaintRule API served (the
-line names what the server serves and what to do instead), a device no slice publishes
-(without ``--force``) or nothing to untaint without ``--hold`` (one ``error:`` line on
-stderr naming what failed and what to check), 2 usage error. Rules are read and written
+Exit codes: 0 done, 1 API error, API unreachable, neither a DeviceTaintRule API nor v1
+ResourceClaims served (the line names what the server serves and what to do instead),
+an effect a quarantine claim cannot carry, a foreign claim with the quarantine claim's
+name, a device no slice publishes (without ``--force``) or nothing to untaint without
+``--hold`` (one ``error:`` line on stderr naming what failed and what to check), 2 usage
+error. Rules are read and written
 at the version the server serves (asked once per command).
 """
 
@@ -147,12 +158,29 @@ async def _discover(client: AsyncClient) -> ServedAPIs:
         raise CommandError(f"{exc} ({DISCOVERY_HINT})") from None
 
 
+def _quarantines(served: ServedAPIs) -> bool:
+    """Whether taints are quarantine claims here: no rule API, v1 ResourceClaims."""
+    return served.resource("DeviceTaintRule") is None and served.chosen("ResourceClaim") == "v1"
+
+
+def _find_namespace(access: Access) -> str:
+    """The remediation controller's namespace: ``-n``, else found from its ConfigMaps."""
+    sync = access.sync_client()
+    try:
+        return controller_namespace(sync, access.namespace, access, _note, flag="-n")
+    finally:
+        sync.close()
+
+
 _DEVICE = click.argument("device", metavar="DRIVER/POOL/DEVICE", callback=_device)
 _KEY = click.option("--key", required=True, help="Taint key, e.g. example.com/maintenance.")
 
 
 @click.command("taint")
-@api_options(namespaced=False)
+@api_options(
+    namespaced="The remediation controller's namespace, for the quarantine claim where no "
+    "DeviceTaintRule API is served [default: found from its ConfigMaps, else the context's]."
+)
 @_DEVICE
 @_KEY
 @click.option("--value", default="", help="Taint value (a label value).")
@@ -170,7 +198,9 @@ def taint_command(
 ) -> None:
     """Taint one device: create or update the operator's DeviceTaintRule for it and KEY.
 
-    DeviceTaintRules are cluster-scoped (no -n). A device that no ResourceSlice
+    DeviceTaintRules are cluster-scoped. Where no DeviceTaintRule API is served
+    (1.34-1.36 by default) the device is fenced by a quarantine claim in the
+    controller's namespace (-n) instead: NoSchedule only. A device that no ResourceSlice
     publishes is refused unless --force.
     """
     try:
@@ -188,21 +218,42 @@ def taint_command(
         client = access.async_client("drahealth-taint")
         try:
             served = await _discover(client)
-            if served.resource("DeviceTaintRule") is None:
+            if served.resource("DeviceTaintRule") is not None:
+                result = await apply_taint(
+                    client, device, key=key, value=value, effect=effect, served=served,
+                    force=force,
+                )  # fmt: skip
+                return f"devicetaintrule/{name} {result.outcome}"
+            if not _quarantines(served):
                 raise RuleAPIUnavailable(served)
-            _, outcome = await apply_taint(
-                client, device, key=key, value=value, effect=effect, served=served, force=force
-            )
+            namespace = await asyncio.to_thread(_find_namespace, access)
+            with access.failures(f"quarantine claim of {device} in namespace {namespace}"):
+                result = await apply_taint(
+                    client, device, key=key, value=value, effect=effect, served=served,
+                    force=force, namespace=namespace,
+                )  # fmt: skip
         except UnpublishedDevice as exc:
             raise CommandError(
                 f"{exc} (check the name with 'drahealth status -o wide' or "
                 "'kubectl get resourceslices'; --force taints it anyway)"
             ) from None
-        except RuleAPIUnavailable as exc:
+        except (RuleAPIUnavailable, RuleError) as exc:
             raise CommandError(str(exc)) from None
         finally:
             await client.close()
-        return f"devicetaintrule/{name} {outcome}"
+        release = served.server_version or "the server"
+        _note(
+            f"{release} serves no DeviceTaintRule API: the taint is a quarantine claim "
+            f"allocated to {device} (the scheduler then counts it as in use, as NoSchedule "
+            "would)"
+        )
+        where = f"resourceclaim/{result.name} {result.outcome} (namespace {result.namespace})"
+        if result.outcome == "pending":
+            return (
+                f"{where}: takes effect when {', '.join(result.holders)} "
+                f"let{'s' if len(result.holders) == 1 else ''} go of the device"
+            )
+        return f"{where}: {device} quarantined"
 
     with access.failures(f"devicetaintrule/{name}"):
         click.echo(asyncio.run(run()))
@@ -210,8 +261,8 @@ def taint_command(
 
 @click.command("untaint")
 @api_options(
-    namespaced="The remediation controller's namespace, for holds [default: found from its "
-    "ConfigMaps, else the context's]."
+    namespaced="The remediation controller's namespace, for holds and quarantine claims "
+    "[default: found from its ConfigMaps, else the context's]."
 )
 @_DEVICE
 @click.option("--key", default=None, help="Taint key, e.g. drahealth.io/unhealthy.")
@@ -246,7 +297,10 @@ def untaint_command(
 
     DeviceTaintRules are cluster-scoped; -n names the controller's namespace. Deleting a
     rule the controller made is an untaint the controller respects: it does not taint
-    the device again for the policy's ownership.manualUntaintHold (or --hold).
+    the device again for the policy's ownership.manualUntaintHold (or --hold). Where no
+    DeviceTaintRule API is served (1.34-1.36 by default), the operator's and the
+    controller's quarantine claims of the device are deallocated, then deleted; the
+    controller fences a still-bad device again unless --hold.
     """
     if release and (hold is not None or key is not None or effect is not None):
         raise click.UsageError("--release takes no --key, --effect or --hold")
@@ -272,17 +326,11 @@ def untaint_command(
 
     ours: list[str] = []
     namespace = ""
-
-    def find_namespace() -> str:
-        sync = access.sync_client()
-        try:
-            return controller_namespace(sync, access.namespace, access, _note, flag="-n")
-        finally:
-            sync.close()
+    claims = False  # quarantine claims, not rules (no DeviceTaintRule API served)
 
     async def run() -> list[str]:
-        nonlocal namespace
-        namespace = await asyncio.to_thread(find_namespace)
+        nonlocal namespace, claims
+        namespace = await asyncio.to_thread(_find_namespace, access)
         client = access.async_client("drahealth-taint")
         try:
             if release:
@@ -292,8 +340,13 @@ def untaint_command(
             if seconds:  # the hold first: the controller never sees the deletion alone
                 await write_hold(client, time.time() + seconds, reason or "operator untaint")
             served = await _discover(client)
+            claims = _quarantines(served)
             ours.extend(await _controller_rules(client, served, device, key, effect))
-            deleted = await remove_taints(client, device, key=key, effect=effect, served=served)
+            removed = await remove_taints(
+                client, device, key=key, effect=effect, served=served, namespace=namespace
+            )
+            ours.extend(removed.controller if claims else ())
+            deleted = list(removed)
             if seconds == 0.0:  # after the deletion: it ends whatever hold it started
                 await write_hold(client, time.time(), reason or "hold 0: re-taint at once")
             return deleted
@@ -305,9 +358,18 @@ def untaint_command(
     with access.failures("deleting taint rules"):
         deleted = asyncio.run(run())
     for name in deleted:
-        click.echo(f"devicetaintrule/{name} deleted")
+        if claims:
+            click.echo(f"resourceclaim/{name} deleted (namespace {namespace})")
+        else:
+            click.echo(f"devicetaintrule/{name} deleted")
     made = [n for n in deleted if n in ours]
-    if made and seconds is None:
+    if made and claims and seconds is None:
+        click.echo(
+            f"note: the remediation controller made {', '.join(made)}: it fences {device} "
+            "again at once while the device is still bad (--hold DURATION keeps it off)",
+            err=True,
+        )
+    elif made and seconds is None:
         click.echo(
             f"note: the remediation controller made {', '.join(made)}: it takes the deletion "
             f"as an operator's untaint and does not taint {device} again for the policy's "
@@ -321,7 +383,13 @@ def untaint_command(
             f"taints {device} again at once if the device is still bad",
             err=True,
         )
-    if not deleted and seconds:
+    if not deleted and seconds and claims:
+        click.echo(
+            f"no drahealth quarantine claim of {device} with key {key} left to delete in "
+            f"namespace {namespace} (the controller releases its own claim of a held device "
+            "itself)"
+        )
+    elif not deleted and seconds:
         click.echo(
             f"no drahealth DeviceTaintRule of {device} with key {key} left to delete "
             "(the controller removes its own rules of a held device itself)"
@@ -332,7 +400,11 @@ def untaint_command(
         until = format_time(time.time() + seconds)
         click.echo(f"{device}: held by {who} until about {until}: the controller does not taint it")
     if not deleted and seconds is None:
+        what = (
+            f"no drahealth quarantine claim in namespace {namespace} fences"
+            if claims
+            else "no drahealth DeviceTaintRule taints"
+        )
         raise CommandError(
-            f"no drahealth DeviceTaintRule taints {device} with key {key}"
-            + (f" and effect {effect}" if effect else "")
+            f"{what} {device} with key {key}" + (f" and effect {effect}" if effect else "")
         )

@@ -23,7 +23,11 @@ page) say so; device health comes only from the node agents' records in
 ConfigMap in ``history_namespace`` (the controller's) is followed too, for its circuit
 breaker banner and per-device markers; without access to it the page shows none. So are
 the ``EvictionBlocked`` Events the controller writes when a PodDisruptionBudget refuses
-an eviction (field selector ``reason=EvictionBlocked``; optional). The JSON served is
+an eviction (field selector ``reason=EvictionBlocked``; optional). Without DeviceTaintRules
+the state also shows drahealth's fences (node taints and cordons from the Nodes, quarantine
+claims in ``history_namespace``): each fenced device's ``fencedBy`` and the page-wide
+``pending`` list of the Pending pods they block (see :mod:`._state`); the watches keep
+only the claims of that namespace and the unschedulable pods for it. The JSON served is
 always valid JSON: a state that cannot be written without NaN/Infinity is not published
 (the last good one stays).
 
@@ -91,6 +95,7 @@ from drahealth.remedy import (
     history_source,
     parse_device,
     remove_taints,
+    unschedulable,
 )
 from drahealth.web._state import (
     Context,
@@ -202,6 +207,10 @@ class Dashboard:
         self.model = ClusterModel()
         self._slice_devices: dict[str, list[tuple[str, DeviceKey]]] = {}
         self._pod_facts: PodFacts = {}
+        #: for drahealth's fences: the claims of the controller's namespace (quarantine
+        #: claims are there), and the pods the scheduler left unschedulable
+        self._ns_claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self._unschedulable: dict[tuple[str, str], dict[str, Any]] = {}
         self._records: dict[str, tuple[str, dict[DeviceKey, Observation] | None]] = {}
         #: Devices whose agent record changed since the last pass; whether anything else
         #: changed (a full pass is due), when the last one ran, and what it built.
@@ -302,8 +311,17 @@ class Dashboard:
             elif kind == "Pod":
                 ident, facts = pod_facts(raw)
                 self._pod_facts.pop(ident, None)
+                self._unschedulable.pop(ident, None)
                 if event_type != "DELETED":
                     self._pod_facts[ident] = facts
+                    if unschedulable(raw) is not None:
+                        self._unschedulable[ident] = raw
+            elif kind == "ResourceClaim":
+                meta = raw.get("metadata") or {}
+                ident = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+                self._ns_claims.pop(ident, None)
+                if event_type != "DELETED" and ident[0] == self.history_namespace:
+                    self._ns_claims[ident] = raw
 
         return on_event
 
@@ -348,6 +366,9 @@ class Dashboard:
                 self.model, self._pod_facts, node_objects=r["nodes"].store.dicts(),
                 remediation=self._remediation(), now=now,
                 blocked_events=r["blocked"].store.dicts(),
+                claim_objects=list(self._ns_claims.values()),
+                quarantine_namespace=self.history_namespace,
+                pod_objects=list(self._unschedulable.values()),
             )  # fmt: skip
             seen = health(self.model, records, self._warn)
             devices, known = {}, set()
@@ -376,7 +397,11 @@ class Dashboard:
                 entry = device_entry(key, finite(key, found, self._warn), ctx)
                 devices[str(key)] = (devices[str(key)][0], entry)
             candidates = [str(key) for key in dirty]
-        page = {"remediation": ctx.state.summary(), "unavailable": list(self.unavailable)}
+        page = {
+            "remediation": ctx.state.summary(),
+            "unavailable": list(self.unavailable),
+            "pending": ctx.pending,
+        }
         changed = [
             {**devices[key][1], "node": devices[key][0]} for key in candidates
             if self._devices.get(key) != devices[key]
@@ -529,7 +554,7 @@ class Dashboard:
             device = parse_device(b["device"])
             name, outcome = await apply_taint(
                 self.client, device, key=b["key"], value=b["value"], effect=b["effect"],
-                served=self.served,
+                served=self.served, namespace=self.history_namespace,
             )  # fmt: skip
         except RuleAPIUnavailable as exc:
             return web.json_response({"error": str(exc)}, status=409)
@@ -546,7 +571,10 @@ class Dashboard:
         b = await self._body(request, ("device", "key"))
         try:
             device = parse_device(b["device"])
-            deleted = await remove_taints(self.client, device, key=b["key"], served=self.served)
+            deleted = await remove_taints(
+                self.client, device, key=b["key"], served=self.served,
+                namespace=self.history_namespace,
+            )  # fmt: skip
         except RuleAPIUnavailable as exc:
             return web.json_response({"error": str(exc)}, status=409)
         except RuleError as exc:
