@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from lightkube import AsyncClient, codecs
+from lightkube import ApiError, AsyncClient, codecs
 from lightkube.resources.core_v1 import ConfigMap, Event, Node, Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 from rich.console import Console
@@ -27,9 +27,11 @@ from drahealth.core import (
     DEFAULT_NAMESPACE,
     DEFAULT_TAINT_KEY,
     LABELS,
+    DeviceKey,
     decode_devices,
     is_agent_record,
 )
+from drahealth.remedy import quarantine_claim_name
 
 console = Console(highlight=False)
 T = TypeVar("T")
@@ -266,6 +268,20 @@ async def _node_taint(client: AsyncClient, node: str) -> str | None:
     return None
 
 
+async def _quarantine(client: AsyncClient, namespace: str, key: DeviceKey) -> str | None:
+    """``namespace/name`` of the controller's quarantine claim of ``key`` once it holds
+    the device (allocated), else None."""
+    name = quarantine_claim_name(key)
+    try:
+        claim = await client.get(ResourceClaim, name, namespace=namespace)
+    except ApiError as exc:
+        if exc.status.code == 404:
+            return None
+        raise
+    status = claim.status if claim.status else None
+    return f"{namespace}/{name}" if status is not None and status.allocation else None
+
+
 async def _eviction_path(client: AsyncClient, pod: str) -> str:
     """Who evicted ``pod``, from its Events (waiting up to 5 s for one): the device-taint
     eviction controller (``DeviceTaintManagerEviction``) or drahealth's controller
@@ -377,7 +393,15 @@ async def story(cluster: LocalCluster, timeline: Timeline) -> None:
     async def node_tainted() -> str | None:
         return await _node_taint(client, victim.node)
 
-    if mode == "taint-rules":
+    key = DeviceKey(DRIVER, pool, device)
+    namespace = str(getattr(cluster.controller, "namespace", "default"))
+
+    async def quarantined() -> str | None:
+        return await _quarantine(client, namespace, key)
+
+    if mode == "quarantine":
+        pass  # the device is quarantined once its pod has let go of it (below)
+    elif mode == "taint-rules":
         found, _ = await until(rule, 10, "the DeviceTaintRule")
         taint = found.spec.taint
         timeline.print(
@@ -403,6 +427,14 @@ async def story(cluster: LocalCluster, timeline: Timeline) -> None:
         f"{victim.pod} ({await _eviction_path(client, victim.pod)})",
         time.monotonic() - fault_at,
     )
+    if mode == "quarantine":
+        claim, _ = await until(quarantined, 10, "the quarantine claim")
+        timeline.print(
+            "controller quarantines the device (no DeviceTaintRule API)",
+            f"claim {claim} allocated to {pool}/{device} alone; the node's other GPUs "
+            "stay schedulable",
+            time.monotonic() - fault_at,
+        )
 
     async def replaced() -> Placement | None:
         now = await placements(client, pod_health)
@@ -424,6 +456,13 @@ async def story(cluster: LocalCluster, timeline: Timeline) -> None:
 
         await until(untainted, 15, "the untaint")
         done = "DeviceTaintRule deleted"
+    elif mode == "quarantine":
+
+        async def released() -> bool:
+            return await quarantined() is None
+
+        await until(released, 15, "the quarantine released")
+        done = "quarantine claim deallocated and deleted"
     else:
 
         async def node_clean() -> bool:

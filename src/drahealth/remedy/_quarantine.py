@@ -53,6 +53,7 @@ __all__ = [
     "claim_body",
     "claim_name",
     "is_quarantine",
+    "quarantine_claim_name",
     "read_claim",
 ]
 
@@ -85,6 +86,10 @@ def claim_name(key: DeviceKey, *, operator: bool = False) -> str:
     digest = hashlib.sha256(str(key).encode()).hexdigest()[:10]
     device = _NOT_NAME.sub("-", key.device.lower()).strip("-")[:30].strip("-") or "device"
     return f"{OPERATOR_PREFIX if operator else PREFIX}{device}-{digest}"
+
+
+#: :func:`claim_name` under the name the package exports it by.
+quarantine_claim_name = claim_name
 
 
 def _manager(operator: bool) -> str:
