@@ -85,7 +85,8 @@ class Permission:
     ``scope``: ``cluster`` (every namespace, or cluster-scoped) or ``namespace`` (the
     component's own; a repair Job's, for ``jobs``). ``when``: what makes the component
     use it (:meth:`Setup.wants`): ``always``; ``rules`` (the controller writes
-    DeviceTaintRules); ``nodes`` (the controller taints or cordons nodes, by its mode or
+    DeviceTaintRules); ``quarantine`` (mode quarantine writes claims in its namespace);
+    ``nodes`` (the controller taints or cordons nodes, by its mode or
     the node rollup's taint); ``rollup`` (the controller's node rollup, on by default);
     ``jobs`` (a policy rule's repair Job); ``claim-cache`` and ``claim-status`` (the
     driver's flags of these names); ``attach`` (the agent's attached sources).
@@ -126,6 +127,11 @@ PERMISSIONS: dict[str, tuple[Permission, ...]] = {
                    scope="namespace"),
         Permission("batch", "jobs", ("get", "list", "create", "delete"), scope="namespace",
                    when="jobs"),
+        # mode quarantine: a claim per bad device, allocated by a status write
+        Permission(_R, "resourceclaims", ("get", "create", "patch", "delete"),
+                   scope="namespace", when="quarantine"),
+        Permission(_R, "resourceclaims", ("patch",), subresource="status", scope="namespace",
+                   when="quarantine"),
     ),
     "agent": (
         Permission("", "pods", ("get",)),
@@ -167,6 +173,7 @@ class Setup:
         return {
             "always": True,
             "rules": self.mode == "taint-rules",
+            "quarantine": self.mode == "quarantine",
             "nodes": self.mode in ("node-taint", "cordon") or self.rollup_taints,
             "rollup": self.rollup,
             "jobs": bool(self.job_namespaces),

@@ -127,7 +127,8 @@ def _setup(docs: list[dict[str, Any]], mode: str | None = None, **flags: Any) ->
 #: (values, the mode doctor finds, doctor's flags for the driver and agent)
 CASES: dict[str, tuple[dict[str, Any] | None, str, dict[str, Any]]] = {
     "default": (None, "taint-rules", {}),
-    "auto-without-rules": (None, "node-taint", {}),
+    "auto-without-rules": (None, "quarantine", {}),
+    "quarantine": (_controller("quarantine"), "quarantine", {}),
     "node-taint": (_controller("node-taint"), "node-taint", {}),
     "cordon": (_controller("cordon"), "cordon", {}),
     "evict-only": (_controller("evict-only"), "evict-only", {}),
@@ -159,6 +160,10 @@ def test_doctor_asks_exactly_what_the_chart_grants(component: str, case: str) ->
     chart_mode = ((values or {}).get("controller") or {}).get("remediationMode", "auto")
     if component == "controller" and chart_mode == "auto" and mode == "taint-rules":
         unasked -= {("", "nodes", "update", "")}  # auto's fallback, node-taint
+    if component == "controller" and chart_mode == "auto" and mode == "quarantine":
+        unasked -= {("", "nodes", "update", "")}  # a rule's own fallback may be node-taint
+    if component == "controller" and chart_mode == "auto" and mode != "quarantine":
+        unasked = {g for g in unasked if not g[1].startswith("resourceclaims")}  # auto's
     assert unasked == set(), (component, case)
 
 
