@@ -28,7 +28,7 @@ def _demo_steps(version: str) -> list[str]:
         rf"1\. cluster up: 2 nodes .* 16 GPUs .*Kubernetes {re.escape(version)}",
         r"2\. workload running: ReplicaSet trainer x2, .*(trainer-\w+) on (node-\d/gpu-\d) Healthy",
         r"3\. remediation mode: "
-        + ("taint-rules" if rules else r"node-taint \(auto: the server serves no DeviceTaintRule"),
+        + ("taint-rules" if rules else r"quarantine \(auto: the server serves no DeviceTaintRule"),
         rf'4\. fault reaches {seen}: trainer-\w+ on node-\d/gpu-\d Unhealthy "XID 79',
     ]
     if rules:
@@ -38,16 +38,16 @@ def _demo_steps(version: str) -> list[str]:
             r"6\. pod evicted: trainer-\w+ \(DisruptionTarget: DeletionByDeviceTaintManager\)",
         ]
     else:
-        steps += [
-            r"5\. controller taints the node \(no DeviceTaintRule API\): node node-\d: "
-            r"drahealth\.io/unhealthy=gpu-\d:NoSchedule, and evicts only the pods using",
-            r"6\. pod evicted: trainer-\w+ \(Eviction API by the controller",
+        steps += [  # the pod leaves first: a quarantine never takes a device in use
+            r"5\. pod evicted: trainer-\w+ \(Eviction API by the controller",
+            r"6\. controller quarantines the device \(no DeviceTaintRule API\): claim "
+            r"default/drahealth-quarantine-gpu-\d-\w+ allocated to node-\d/gpu-\d alone",
         ]
     return [
         *steps,
         r"7\. replacement running on a healthy device: trainer-\w+ on node-\d/gpu-\d Healthy",
         r"8\. device verified healthy, taint removed: .* -> "
-        + ("DeviceTaintRule deleted" if rules else r"node taint removed from node-\d"),
+        + ("DeviceTaintRule deleted" if rules else "quarantine claim deallocated and deleted"),
         r"demo complete",
     ]
 
@@ -74,7 +74,7 @@ def test_demo_runs_the_whole_loop_and_exits_zero(version: str) -> None:
     # every step prints its latency; the fault reaches the health path within a second
     latency = re.search(r"4\. fault reaches .*? \((\d+) ms\)", out)
     assert latency and int(latency.group(1)) < 1000, out
-    evicted = re.search(r"6\. pod evicted: (trainer-\w+)", out)
+    evicted = re.search(r"[56]\. pod evicted: (trainer-\w+)", out)
     replaced = re.search(
         r"7\. replacement running on a healthy device: (trainer-\w+) on (\S+)", out
     )

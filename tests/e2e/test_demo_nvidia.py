@@ -35,19 +35,27 @@ def _steps(rules: bool) -> list[str]:
             r"6\. controller taints the device: DeviceTaintRule dh-\S+ \(resource\.k8s\.io/v1\): "
             r"drahealth\.io/unhealthy=fatal-xid:NoExecute"
         )
-    else:
-        steps.append(
-            r"6\. controller taints the node \(no DeviceTaintRule API\): node node-\d: "
-            r"drahealth\.io/unhealthy=gpu-\d:NoSchedule, and evicts only the pods using"
-        )
+    else:  # the pod leaves first: a quarantine never takes a GPU in use
+        steps += [
+            r"6\. pod evicted: (trainer-\w+) \(.*\); the pod was told: Event DeviceUnhealthy",
+            r"7\. controller quarantines the GPU \(no DeviceTaintRule API\): claim "
+            r"default/drahealth-quarantine-gpu-\d-\w+ allocated to node-\d/gpu-\d alone",
+        ]
+    n = 8 if rules else 9
     return [
         *steps,
-        r"7\. pod evicted: (trainer-\w+) \(.*\); the pod was told: Event DeviceUnhealthy",
-        r"8\. replacement running on a healthy GPU: (trainer-\w+) on (node-\d/gpu-\d) Healthy",
-        r"9\. kmsg latch ends: no fatal XID on (0000:[0-9a-f]{2}:00\.0) for 6 s: "
+        *(
+            [r"7\. pod evicted: (trainer-\w+) \(.*\); the pod was told: Event DeviceUnhealthy"]
+            if rules
+            else []
+        ),
+        rf"{n - 1}\. replacement running on a healthy GPU: (trainer-\w+) on (node-\d/gpu-\d) "
+        "Healthy",
+        rf"{n}\. kmsg latch ends: no fatal XID on (0000:[0-9a-f]{{2}}:00\.0) for 6 s: "
         r"(node-\d/gpu-\d) Healthy",
-        r"10\. device verified healthy, taint removed: gpu\.nvidia\.com/(node-\d/gpu-\d) Healthy "
-        r"for 3 s -> " + ("DeviceTaintRule deleted" if rules else r"node taint removed"),
+        rf"{n + 1}\. device verified healthy, taint removed: gpu\.nvidia\.com/(node-\d/gpu-\d) "
+        r"Healthy for 3 s -> "
+        + ("DeviceTaintRule deleted" if rules else "quarantine claim deallocated and deleted"),
         r"demo complete",
     ]
 
@@ -68,7 +76,10 @@ def test_nvidia_demo_story_completes(version: str) -> None:
         m = re.search(step, out)
         assert m, (step, out)
         found.append(m)
-    _, _, _, line, marked, _, evicted, replaced, latch, untainted, _ = found
+    line, marked = found[3], found[4]
+    fenced, evicted = (found[5], found[6]) if version == "1.38" else (found[6], found[5])
+    assert fenced
+    replaced, latch, untainted = found[7], found[8], found[9]
     node, pci, device, pci_full = line.groups()
     victim, victim_device, matched = marked.groups()
     # the kernel log's short address (no function) names the GPU the source marked

@@ -1,5 +1,5 @@
-"""Mode quarantine on the real control plane where no DeviceTaintRule API is served
-(1.34, 1.35 and 1.36 with default gates).
+"""Mode quarantine on the real control plane: chosen by ``auto`` where no DeviceTaintRule
+API is served (1.34, 1.35 and 1.36 with default gates), asked for where one is (1.37).
 
 The drahealth agent plays the kubelet of one node with three devices of the sample
 driver; everything else is upstream's: the real scheduler allocates, the real
@@ -90,10 +90,11 @@ async def _unschedulable(client: AsyncClient, name: str) -> str:
 
 
 @contextlib.asynccontextmanager
-async def _controller(client: AsyncClient, identity: str) -> Any:
-    controller = RemediationController(
-        client, parse_policy(POLICY.format(mode="evict"), "p"), identity=identity
-    )
+async def _controller(client: AsyncClient, identity: str, *, asked: bool) -> Any:
+    """The controller in mode quarantine: ``auto``'s choice where no DeviceTaintRule API
+    is served, else ``asked`` for by the policy."""
+    text = POLICY.format(mode="evict") + ("remediation: {mode: quarantine}\n" if asked else "")
+    controller = RemediationController(client, parse_policy(text, "p"), identity=identity)
     task = asyncio.create_task(controller.run())
     try:
         await until(lambda: _synced(controller), 60, "the controller to start")
@@ -107,8 +108,7 @@ async def _controller(client: AsyncClient, identity: str) -> Any:
 async def test_quarantine_fences_one_device_and_gives_it_back(
     real_cluster: Cluster, real_client: AsyncClient, base: str
 ) -> None:
-    if expected_rules_version(real_cluster) is not None:
-        pytest.skip(f"{real_cluster.version} {real_cluster.gates} serves DeviceTaintRules")
+    asked = expected_rules_version(real_cluster) is not None  # else auto chooses it
     client = real_client
     served_apis = await served(client)
     node = "quarantine-node"
@@ -133,7 +133,7 @@ async def test_quarantine_fences_one_device_and_gives_it_back(
         await client.create(PodDisruptionBudget.from_dict(pdb))
         await until(lambda: _pdb_observed(client, "qa"), 30, "the disruption controller")
 
-        async with _controller(client, "q1") as controller:
+        async with _controller(client, "q1", asked=asked) as controller:
             assert controller.choice is not None
             assert controller.choice.mode == "quarantine", controller.choice
             leaving = PodWatch(client, "qa")
@@ -165,7 +165,7 @@ async def test_quarantine_fences_one_device_and_gives_it_back(
         done = [r for r in await _history(client) if r["action"] == "quarantine-quarantined"]
 
         # a restart in the middle: the new controller resumes it and writes nothing
-        async with _controller(client, "q2") as controller:
+        async with _controller(client, "q2", asked=asked) as controller:
             await asyncio.sleep(3)
             again = await _claim(client, name)
             assert again is not None and again["metadata"]["resourceVersion"] == version

@@ -34,6 +34,7 @@ from drahealth.cli._demo_story import (
     _agent_health,
     _eviction_path,
     _node_taint,
+    _quarantine,
     _record_health,
     _remediation_mode,
     _workload,
@@ -42,7 +43,7 @@ from drahealth.cli._demo_story import (
     placements,
     until,
 )
-from drahealth.core import DEFAULT_NAMESPACE, LABELS, POD_CONDITION_TYPE
+from drahealth.core import DEFAULT_NAMESPACE, LABELS, POD_CONDITION_TYPE, DeviceKey
 from drahealth.simdriver import (
     DEFAULT_NVIDIA_RELEASE,
     NVIDIA_DRIVER_NAME,
@@ -263,7 +264,15 @@ async def story(cluster: LocalCluster, timeline: Timeline) -> None:
     async def node_tainted() -> str | None:
         return await _node_taint(client, victim.node)
 
-    if mode == "taint-rules":
+    key = DeviceKey(NVIDIA, pool, device)
+    namespace = str(getattr(cluster.controller, "namespace", "default"))
+
+    async def quarantined() -> str | None:
+        return await _quarantine(client, namespace, key)
+
+    if mode == "quarantine":
+        pass  # the GPU is quarantined once its pod has let go of it (after the eviction)
+    elif mode == "taint-rules":
         found, _ = await until(rule, 10, "the DeviceTaintRule")
         taint = found.spec.taint
         timeline.print(
@@ -294,6 +303,14 @@ async def story(cluster: LocalCluster, timeline: Timeline) -> None:
         + ("; ".join(told_how) or "nothing before it left"),
         time.monotonic() - fault_at,
     )
+    if mode == "quarantine":
+        claim, _ = await until(quarantined, 10, "the quarantine claim")
+        timeline.print(
+            "controller quarantines the GPU (no DeviceTaintRule API)",
+            f"claim {claim} allocated to {pool}/{device} alone; the node's other GPUs stay "
+            "schedulable",
+            time.monotonic() - fault_at,
+        )
 
     async def replaced() -> Placement | None:
         now = await placements(client, False, NVIDIA)
@@ -324,6 +341,13 @@ async def story(cluster: LocalCluster, timeline: Timeline) -> None:
 
         await until(untainted, 15, "the untaint")
         done = "DeviceTaintRule deleted"
+    elif mode == "quarantine":
+
+        async def released() -> bool:
+            return await quarantined() is None
+
+        await until(released, 15, "the quarantine released")
+        done = "quarantine claim deallocated and deleted"
     else:
 
         async def node_clean() -> bool:

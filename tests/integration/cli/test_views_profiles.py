@@ -131,7 +131,10 @@ async def test_status_when_discovery_fails_warns_and_still_shows_devices(
         await proxy.stop()
 
 
-async def test_taint_without_the_rule_api_is_one_line_naming_what_to_do(tmp_path: Path) -> None:
+async def test_taint_without_the_rule_api_quarantines_the_device(tmp_path: Path) -> None:
+    """1.35 serves no DeviceTaintRule: taint checks the device as on 1.37 (an unpublished
+    one is refused in one line) and, forced, fences it with an operator quarantine claim
+    that untaint deallocates and deletes."""
     from drahealth.core import kube_profile
 
     server = APIServer(profile=kube_profile("1.35"))
@@ -139,16 +142,18 @@ async def test_taint_without_the_rule_api_is_one_line_naming_what_to_do(tmp_path
     try:
         kubeconfig = str(server.write_kubeconfig(tmp_path / "kubeconfig"))
         args = ("--kubeconfig", kubeconfig, f"{D}/{NODE}/gpu-1", "--key", "example.com/rma")
-        out = await asyncio.to_thread(run, "taint", *args, "--effect", "NoSchedule")
+        refused = await asyncio.to_thread(run, "taint", *args, "--effect", "NoSchedule")
+        out = await asyncio.to_thread(run, "taint", *args, "--effect", "NoSchedule", "--force")
         untaint = await asyncio.to_thread(run, "untaint", *args)
         status = await asyncio.to_thread(run, "status", "-A", "--kubeconfig", kubeconfig)
     finally:
         await server.stop()
-    for result in (out, untaint):
-        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
-        (line,) = result.stderr.splitlines()
-        assert line.startswith("error: v1.35.0") and "serves no DeviceTaintRule API" in line
-        assert "DeviceTaintRule not served" in line and "node-taint" in line
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+    (line,) = refused.stderr.splitlines()
+    assert line.startswith("error:") and "no ResourceSlice publishes" in line, line
+    assert out.returncode == 0, out.stderr
+    assert "resourceclaim/drahealth-operator-quarantine-gpu-1-" in out.stdout, out.stdout
+    assert untaint.returncode == 0 and " deleted" in untaint.stdout, untaint.stdout
     assert status.returncode == 0 and NOT_SERVED in status.stderr, status.stderr
 
 
@@ -207,7 +212,9 @@ async def test_dashboard_without_the_rule_api_says_so_and_serves_the_rest(
     assert devices["gpu-1"]["health"] == "Unhealthy" and devices["gpu-3"]["taints"] == []
 
 
-async def test_dashboard_taint_on_a_server_without_the_rule_api_is_409(tmp_path: Path) -> None:
+async def test_dashboard_taint_on_a_server_without_the_rule_api_checks_the_device(
+    tmp_path: Path,
+) -> None:
     import aiohttp as http_client
 
     from drahealth.core import kube_profile
@@ -225,7 +232,7 @@ async def test_dashboard_taint_on_a_server_without_the_rule_api_is_409(tmp_path:
         async with http_client.ClientSession(headers=headers) as http:
             body = {"device": f"{D}/{NODE}/gpu-1", "key": "a", "value": "", "effect": "NoSchedule"}
             async with http.post(url + "api/taint", json=body) as resp:
-                assert resp.status == 409
+                assert resp.status == 400  # the quarantine path checks as the rule path does
                 error = (await resp.json())["error"]
             async with http.get(url + "api/state") as resp:
                 state = await resp.json()
@@ -233,5 +240,5 @@ async def test_dashboard_taint_on_a_server_without_the_rule_api_is_409(tmp_path:
         await dashboard.stop()
         await client.close()
         await server.stop()
-    assert "serves no DeviceTaintRule API" in error
+    assert "no ResourceSlice publishes" in error, error
     assert "Kubernetes 1.34 without DRADeviceTaints" in state["unavailable"][0]

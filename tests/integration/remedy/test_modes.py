@@ -201,7 +201,8 @@ async def claim_dict(client: AsyncClient, name: str) -> dict[str, Any] | None:
     return out
 
 
-async def test_quarantine_fences_one_device_after_its_pod_let_go(caplog: Any) -> None:
+@pytest.mark.parametrize("version", ["1.34", "1.35", "1.36"])
+async def test_quarantine_fences_one_device_after_its_pod_let_go(caplog: Any, version: str) -> None:
     """auto without the rule API: the bad device's pod is evicted (budget honoured), the
     device gets an allocated quarantine claim only once the pod's claim let go, the node
     is left alone, and recovery deallocates then deletes the claim; a restarted
@@ -209,7 +210,7 @@ async def test_quarantine_fences_one_device_after_its_pod_let_go(caplog: Any) ->
     caplog.set_level(logging.INFO, logger="drahealth.remedy._controller")
     key = DeviceKey("gpu.example.com", NODE, "gpu-0")
     name = claim_name(key)
-    async with cluster("1.35") as (client, paths):
+    async with cluster(version) as (client, paths):
         await make_node(client, taints=[FOREIGN])
         await set_health(client, gpu_0="Healthy", gpu_1="Healthy")
         await make_pod(client, "victim", "gpu-0", {"app": "victim"})
@@ -499,3 +500,68 @@ async def test_a_vanished_version_is_rediscovered_not_retried(monkeypatch: Any) 
             await eventually(written, 5.0, "a v1 rule after rediscovery")
     stale = [p for p in paths if "/v1beta2/devicetaintrules" in p]
     assert 1 <= len(stale) <= 2, stale
+
+
+QUARANTINE_RULE = """- name: xid
+  match: {driver: gpu.example.com}
+  action: {effect: NoSchedule}
+  recovery: {healthyFor: 0.5s}
+"""
+
+
+async def test_quarantine_obeys_holds_and_the_opt_out_label(tmp_path: Any) -> None:
+    """``untaint --hold`` releases the quarantine and keeps it away until the hold ends;
+    a node opted out keeps its quarantine as it is, even past recovery, until the label
+    goes."""
+    from click.testing import CliRunner
+
+    from drahealth.cli.taint import untaint_command
+
+    key = DeviceKey("gpu.example.com", NODE, "gpu-0")
+    name = claim_name(key)
+    srv = APIServer(data_file=None, watch_window=1000, profile=kube_profile("1.35", {}))
+    await srv.start(host="127.0.0.1", port=0)
+    kubeconfig = srv.write_kubeconfig(tmp_path / "kubeconfig")
+    client = make_client(server_url=srv.url, timeout=5.0)
+
+    async def fenced() -> bool:
+        c = await claim_dict(client, name)
+        return bool(c and (c.get("status") or {}).get("allocation"))
+
+    async def gone() -> bool:
+        return await claim_dict(client, name) is None
+
+    try:
+        await make_node(client)
+        await set_health(client, gpu_0="Healthy")
+        async with running(client, QUARANTINE_RULE) as controller:
+            assert controller.choice is not None and controller.choice.mode == "quarantine"
+            await set_health(client, gpu_0=("Unhealthy", "XID 79"))
+            await eventually(fenced, 5.0, "the quarantine")
+            args = [
+                "--kubeconfig", str(kubeconfig), str(key), "--key", "drahealth.io/unhealthy",
+                "--hold", "2s", "--by", "alice",
+            ]  # fmt: skip
+            result = await asyncio.to_thread(CliRunner().invoke, untaint_command, args)
+            assert result.exit_code == 0, result.output
+            await eventually(gone, 5.0, "the quarantine released for the hold")
+            await asyncio.sleep(1.0)  # still bad, still held: not fenced again
+            assert await claim_dict(client, name) is None
+            await eventually(fenced, 6.0, "the quarantine back after the hold")
+            # opt-out: frozen as it is, even past its recovery
+            await client.patch(
+                Node, NODE, {"metadata": {"labels": {"drahealth.io/remediation": "disabled"}}},
+                patch_type=PatchType.MERGE,
+            )  # fmt: skip
+            await eventually(lambda: _true(NODE in controller.ownership.opted_out), 5.0, "label")
+            await set_health(client, gpu_0="Healthy")
+            await asyncio.sleep(1.2)  # past healthyFor: a release would be due
+            assert await fenced()
+            await client.patch(
+                Node, NODE, {"metadata": {"labels": {"drahealth.io/remediation": None}}},
+                patch_type=PatchType.MERGE,
+            )  # fmt: skip
+            await eventually(gone, 5.0, "the release once the label is gone")
+    finally:
+        await client.close()
+        await srv.stop()
