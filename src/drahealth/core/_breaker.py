@@ -296,7 +296,9 @@ class CircuitBreaker:
         for key, at in sorted(latest.items(), key=lambda kv: kv[1]):
             known = self._admitted.get(key)
             if known is None or known.at < at:
-                self._admit(key, at, self._restored_groups(key))
+                # a later time moves the admission, it keeps what it counted
+                weight = known.weight if known is not None else 1
+                self._admit(key, at, self._restored_groups(key), weight)
         for owner, queue in self._queues.items():  # the window's queues stay in time order
             self._queues[owner] = deque(sorted(queue, key=lambda entry: entry[0]))
         self._bump()
@@ -579,7 +581,10 @@ class CircuitBreaker:
         in the future never makes every new leader count it again."""
         if not isinstance(at, int | float) or isinstance(at, bool):
             return None
-        t = float(at)
+        try:
+            t = float(at)
+        except OverflowError:  # an integer no float holds: no time a controller wrote
+            return None
         if not math.isfinite(t) or t > now + MAX_CLOCK_SKEW:
             return None
         t = min(t, now)

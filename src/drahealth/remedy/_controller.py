@@ -118,7 +118,6 @@ from drahealth.remedy._modes import ModeChoice, ModeError, device_mode, mode_wri
 from drahealth.remedy._nodes import MAX_REASON, NODE_MODES, NodeDevice, NodeWriter, node_taints
 from drahealth.remedy._ownership import OwnershipGuard
 from drahealth.remedy._quarantine import (
-    OPERATOR_PREFIX,
     QUARANTINE_MODE,
     QuarantineWriter,
     claim_name,
@@ -730,10 +729,11 @@ class RemediationController:
     def _holders(self, key: DeviceKey) -> list[str]:
         """``namespace/name`` of the claims whose allocation holds ``key`` (an operator's
         quarantine claim fences it too: never waited for)."""
+        operators = self.quarantine.operator_claims()
         return [
             f"{ns}/{name}"
             for ns, name in self.model.claims_holding(key)
-            if not (ns == self.namespace and name.startswith(OPERATOR_PREFIX))
+            if f"{ns}/{name}" not in operators
         ]
 
     async def _seed_quarantine(self) -> None:
@@ -926,17 +926,23 @@ class RemediationController:
 
     def _written_taints(self) -> list[tuple[DeviceKey, float]]:
         """Taints the controller wrote, with when, as the API shows them: its rules
-        (creation time), its node rows (since) and the history's taint lines."""
+        (creation time), its node rows and quarantine claims (since) and the history's
+        taint and quarantine lines."""
         out: list[tuple[DeviceKey, float]] = []
         for devices in self.nodes.written().values():
             out += [(d.device, d.since) for d in devices if d.since]
+        out += [(k, d.since) for k, d in self.quarantine.written().items() if d.since]
         for rule in self.rules.store.list() if self.rules is not None else ():
             sel = rule.spec.deviceSelector if is_ours(rule) and rule.spec is not None else None
             created = rule.metadata.creationTimestamp if rule.metadata is not None else None
             if sel is not None and sel.driver and sel.pool and sel.device and created:
                 out.append((DeviceKey(sel.driver, sel.pool, sel.device), created.timestamp()))
         for row in self._history:  # the least trusted record: checked against the slices
-            if not isinstance(row, dict) or row.get("action") not in ("create", "node"):
+            if not isinstance(row, dict) or row.get("action") not in (
+                "create",
+                "node",
+                "quarantine-quarantined",
+            ):
                 continue
             at = parse_rfc3339(str(row.get("time", ""))[:MAX_TIME_TEXT])
             if at is None:

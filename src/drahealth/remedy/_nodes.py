@@ -140,18 +140,25 @@ def device_row(row: Mapping[str, Any], modes: Sequence[str]) -> NodeDevice | Non
     )
 
 
+#: The latest unix time a row may say (9999-12-31T23:59:59Z): later is no time at all.
+MAX_UNIX_TIME: Final = 253_402_300_799
+
+
 def _finite(value: Any) -> float:
-    """A unix time from JSON: a finite number >= 0, else 0 (unknown)."""
+    """A unix time from JSON: a number from 0 to :data:`MAX_UNIX_TIME`, else 0 (unknown).
+    Compared before any conversion, so a 400-digit integer is no error either."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return 0.0
-    return float(value) if math.isfinite(value) and value >= 0 else 0.0
+    if isinstance(value, float) and not math.isfinite(value):
+        return 0.0
+    return float(value) if 0 <= value <= MAX_UNIX_TIME else 0.0
 
 
 def read_node(node: Mapping[str, Any]) -> list[NodeDevice]:
     """The devices drahealth listed on ``node`` (entries it cannot read are skipped)."""
     try:
         rows = json.loads(_annotations(node).get(ANNOTATION_DEVICES, "[]"))
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return []
     out: list[NodeDevice] = []
     for row in rows if isinstance(rows, list) else []:

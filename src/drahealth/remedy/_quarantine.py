@@ -160,7 +160,7 @@ def read_claim(obj: Mapping[str, Any], *, operator: bool = False) -> tuple[NodeD
     meta = obj.get("metadata") or {}
     try:
         row = json.loads(str(meta["annotations"][ANNOTATION_QUARANTINE]))
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return None
     device = device_row(row, (QUARANTINE_MODE,)) if isinstance(row, dict) else None
     if device is None or meta.get("name") != claim_name(device.device, operator=operator):
@@ -188,6 +188,8 @@ BusySource = Callable[[DeviceKey], list[str]]
 class _Held:
     device: NodeDevice
     allocated: bool
+    uid: str = ""  # the claim's uid once known: events of an older copy are not about it
+    version: str = ""  # resourceVersion of the last write seen: older events are stale
 
 
 class QuarantineWriter:
@@ -204,6 +206,10 @@ class QuarantineWriter:
         #: ``drahealth taint`` made them): device -> (its row, claim uid)
         self._operator: dict[DeviceKey, tuple[NodeDevice, str]] = {}
         self._operator_retry: dict[DeviceKey, tuple[float, Backoff]] = {}
+        #: ``namespace/name`` of every operator quarantine claim seen (they fence, so the
+        #: controller never waits for them), bounded
+        self._operator_names: set[str] = set()
+        self._over_cap: set[DeviceKey] = set()  # devices past MAX_CLAIMS, said once
         self.writes = 0
 
     async def load(self) -> dict[DeviceKey, NodeDevice]:
@@ -216,7 +222,9 @@ class QuarantineWriter:
                 continue
             device, held = read
             found[device.device] = device
-            self._written[device.device] = _Held(device, held)
+            uid = str(getattr(claim.metadata, "uid", "") or "")
+            version = str(getattr(claim.metadata, "resourceVersion", "") or "")
+            self._written[device.device] = _Held(device, held, uid, version)
         labels = {MANAGED_BY[0]: OPERATOR_MANAGED_BY}
         async for claim in self.client.list(ResourceClaim, namespace=self.namespace, labels=labels):
             self._observe_operator("ADDED", as_dict(claim))
@@ -240,6 +248,11 @@ class QuarantineWriter:
         mine = self._written.get(device.device)
         if mine is None or not mine.allocated:
             return False
+        uid = str(meta.get("uid") or "")
+        if mine.uid and uid and uid != mine.uid:
+            return False  # an older copy of the claim (a late event): not ours any more
+        if _older(str(meta.get("resourceVersion") or ""), mine.version):
+            return False  # from before our own last write (a late event)
         if event_type == "DELETED" or not held:
             log.warning(
                 "quarantine claim %s/%s of %s was %s by someone else: fencing it again",
@@ -249,7 +262,7 @@ class QuarantineWriter:
             if event_type == "DELETED":
                 del self._written[device.device]
             else:
-                self._written[device.device] = _Held(mine.device, False)
+                self._written[device.device] = _Held(mine.device, False, mine.uid)
             return True
         return False
 
@@ -260,12 +273,22 @@ class QuarantineWriter:
             return
         device, held = read
         key = device.device
+        ref = f"{self.namespace}/{claim_name(key, operator=True)}"
+        if event_type == "DELETED":
+            self._operator_names.discard(ref)
+        elif len(self._operator_names) < MAX_CLAIMS:
+            self._operator_names.add(ref)
         if event_type == "DELETED" or held:
             self._operator.pop(key, None)
             self._operator_retry.pop(key, None)
         elif key in self._operator or len(self._operator) < MAX_CLAIMS:
             uid = str((obj.get("metadata") or {}).get("uid") or "")
             self._operator[key] = (device, uid)
+
+    def operator_claims(self) -> set[str]:
+        """``namespace/name`` of the operators' quarantine claims seen (read and checked
+        as such: a claim that is only named like one is not among them)."""
+        return set(self._operator_names)
 
     def keeps(self, key: DeviceKey) -> bool:
         """Whether a quarantine claim exists (or is being written) for ``key``."""
@@ -295,7 +318,13 @@ class QuarantineWriter:
                         await self._release(key, held)
                 elif held is None or not held.allocated or not _same(held.device, want):
                     if len(self._written) >= MAX_CLAIMS and held is None:
+                        if key not in self._over_cap:
+                            self._over_cap.add(key)
+                            what = f"not quarantined: {MAX_CLAIMS} quarantine claims exist already"
+                            log.warning("%s: %s", key, what)
+                            self._on_change(want, f"waiting: {what}", claim_name(key))
                         continue
+                    self._over_cap.discard(key)
                     await self._fence(key, want, held, busy)
             except ApiError as exc:
                 backoff = retry[1] if retry is not None else Backoff(1.0, 60.0)
@@ -353,7 +382,7 @@ class QuarantineWriter:
             await self.client.patch(
                 ResourceClaim, name, patch, namespace=self.namespace, patch_type=PatchType.MERGE
             )
-            self._written[key] = _Held(want, True)
+            self._written[key] = _Held(want, True, held.uid)
             return
         holders = tuple(sorted(c for c in busy(key) if c != ours))
         if holders:
@@ -371,18 +400,24 @@ class QuarantineWriter:
             if exc.status.code != 409:
                 raise
             obj = as_dict(await self.client.get(ResourceClaim, name, namespace=self.namespace))
-            if not is_quarantine(obj):
+            read = read_claim(obj)
+            if read is None or read[0].device != key:
                 raise  # someone else's claim with our name: never adopted
+            if read[1]:  # ours, and it holds the device already (a lost answer, a late event)
+                uid = str((obj.get("metadata") or {}).get("uid") or "")
+                self._written[key] = _Held(read[0], True, uid)
+                return
         uid = str((obj.get("metadata") or {}).get("uid") or "")
-        self._written[key] = _Held(want, False)
-        await self.client.patch(
+        self._written[key] = _Held(want, False, uid)
+        written = await self.client.patch(
             ResourceClaim.Status,
             name,
             {"status": allocation(key, uid)},
             namespace=self.namespace,
             patch_type=PatchType.MERGE,
         )
-        self._written[key] = _Held(want, True)
+        version = str((as_dict(written).get("metadata") or {}).get("resourceVersion") or "")
+        self._written[key] = _Held(want, True, uid, version)
         self.writes += 1
         self._on_change(want, "quarantined: allocated to its quarantine claim", name)
 
@@ -398,7 +433,7 @@ class QuarantineWriter:
                     namespace=self.namespace,
                     patch_type=PatchType.MERGE,
                 )
-                self._written[key] = _Held(held.device, False)
+                self._written[key] = _Held(held.device, False, held.uid)
             await self.client.delete(ResourceClaim, name, namespace=self.namespace)
         except ApiError as exc:
             if not is_not_found(exc):
@@ -417,3 +452,11 @@ def _same(written: NodeDevice, want: NodeDevice) -> bool:
     return json.dumps(written.as_json(), sort_keys=True) == json.dumps(
         mine.as_json(), sort_keys=True
     )
+
+
+def _older(version: str, than: str) -> bool:
+    """Whether resourceVersion ``version`` is older than ``than``. The API server's are
+    etcd revisions (decimal); anything else is never called older."""
+    if not (version.isdigit() and than.isdigit()) or len(version) > 20 or len(than) > 20:
+        return False
+    return int(version) < int(than)

@@ -329,12 +329,23 @@ class Fences:
 
     nodes: dict[str, list[Fence]] = field(default_factory=dict)
     claims: dict[DeviceKey, Fence] = field(default_factory=dict)
+    _by_driver: dict[str, list[Fence]] | None = field(default=None, repr=False, compare=False)
 
     def __bool__(self) -> bool:
         return bool(self.nodes or self.claims)
 
     def node_list(self) -> list[Fence]:
         return [f for name in sorted(self.nodes) for f in self.nodes[name]]
+
+    def claims_by_driver(self) -> dict[str, list[Fence]]:
+        """The claim fences grouped by their device's driver, each sorted (computed once:
+        a view asks it for every Pending pod)."""
+        if self._by_driver is None:
+            grouped: dict[str, list[Fence]] = {}
+            for key, f in sorted(self.claims.items(), key=lambda kv: str(kv[0])):
+                grouped.setdefault(key.driver, []).append(f)
+            self._by_driver = grouped
+        return self._by_driver
 
 
 def read_fences(
@@ -513,9 +524,10 @@ def _blocked(
             words.append("blocked by " + _cut([f"node/{f.name} cordon" for f in cordoned]))
     if NO_DEVICE_WORDS in message and fences.claims:
         wanted = drivers()
+        grouped = fences.claims_by_driver()
         held = [
-            f for key, f in sorted(fences.claims.items(), key=lambda kv: str(kv[0]))
-            if wanted is None or key.driver in wanted
+            f for driver in sorted(grouped) if wanted is None or driver in wanted
+            for f in grouped[driver]
         ]  # fmt: skip
         if held:
             words.append(f"no free device ({len(held)} quarantined)")
