@@ -59,7 +59,7 @@ async def test_diagnosis_on_each_release(version: str, tmp_path: Path) -> None:
     assert doc["serverVersion"].startswith(f"v{version}.")
     assert doc["apis"]["ResourceClaim"] == "resource.k8s.io/v1"
     assert doc["apis"]["DeviceTaintRule"] == (f"resource.k8s.io/{rules}" if rules else "not served")
-    assert doc["mode"] == ("taint-rules" if rules else "node-taint")
+    assert doc["mode"] == ("taint-rules" if rules else "quarantine")
     checks = _by_check(doc)
     assert checks["mode"]["status"] == ("ok" if rules else "warn")
     if not rules:
@@ -111,13 +111,17 @@ async def test_an_over_broad_rule_is_a_blocker_named_in_the_line(tmp_path: Path)
 
 
 class _Denying(Narrowing):
-    """Answers access reviews itself: everything allowed but updating nodes."""
+    """Answers access reviews itself: everything allowed but patching claims' status."""
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         if request.path.endswith("/selfsubjectaccessreviews"):
             body = await request.json()
             attrs = body["spec"]["resourceAttributes"]
-            allowed = not (attrs["resource"] == "nodes" and attrs["verb"] == "update")
+            allowed = not (
+                attrs["resource"] == "resourceclaims"
+                and attrs.get("subresource") == "status"
+                and attrs["verb"] == "patch"
+            )
             return web.json_response({**body, "status": {"allowed": allowed}}, status=201)
         return await super()._handle(request)
 
@@ -133,9 +137,11 @@ async def test_missing_permissions_are_named_with_the_fix(tmp_path: Path) -> Non
         await proxy.stop()
         await server.stop()
     checks = _by_check(doc)
-    assert code == 1 and doc["mode"] == "node-taint"
+    assert code == 1 and doc["mode"] == "quarantine"
     assert checks["rbac:controller"]["status"] == "FAIL"
-    assert checks["rbac:controller"]["message"] == "controller may not: update nodes"
+    assert checks["rbac:controller"]["message"] == (
+        "controller may not: patch resourceclaims/status (resource.k8s.io) in default"
+    )
     assert "ServiceAccount" in checks["rbac:controller"]["fix"]
     assert checks["rbac:agent"]["status"] == "ok" and checks["rbac:driver"]["status"] == "ok"
 
@@ -337,8 +343,8 @@ async def test_version_names_the_server_the_apis_and_the_mode(tmp_path: Path) ->
     doc = json.loads(out.stdout)
     assert doc["serverVersion"]["gitVersion"].startswith("v1.36.")
     assert doc["serverVersion"]["apis"]["DeviceTaintRule"] == "not served"
-    assert doc["serverVersion"]["remediationMode"]["auto"] == "node-taint"
-    assert text.returncode == 0 and "Remediation mode auto: node-taint" in text.stdout
+    assert doc["serverVersion"]["remediationMode"]["auto"] == "quarantine"
+    assert text.returncode == 0 and "Remediation mode auto: quarantine" in text.stdout
     gone = await asyncio.to_thread(run, "version", "--kubeconfig", kubeconfig)
     assert gone.returncode == 1 and "cannot reach the API server" in gone.stderr
     assert gone.stdout.startswith("drahealth ")
