@@ -63,7 +63,8 @@ def not_served_note(kind: str, served: ServedAPIs, mode: str | None = None) -> s
     note = f"{plural(kind)}: not served by this server ({reason})"
     if kind == "DeviceTaintRule":
         if mode not in MODE_PHRASES:  # no controller recorded one: what auto would do
-            mode = auto_mode(served)[0]
+            claims_v1 = served.chosen("ResourceClaim") == "v1"
+            mode = choose_remediation_mode("auto", None, claims_v1=claims_v1)[0]
         note += f"; {MODE_PHRASES[mode]}"
     return note
 

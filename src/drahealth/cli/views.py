@@ -198,8 +198,9 @@ def _notes(unserved: set[str], served: ServedAPIs, mode: str | None = None) -> N
 
 def _header(served: ServedAPIs, recorded: Any, unserved: set[str]) -> list[str]:
     """The server, its DeviceTaintRule API, and the controller's remediation mode."""
-    if "DeviceTaintRule" in unserved:
-        served = ServedAPIs({}, served.server_version)
+    if "DeviceTaintRule" in unserved:  # said not served: whatever discovery assumed
+        kept = {k: v for k, v in served.versions.items() if k != "DeviceTaintRule"}
+        served = ServedAPIs(kept, served.server_version)
     rules = served.api_version("DeviceTaintRule") or "not served"
     server = served.server_version or "unknown version"
     if recorded is not None:

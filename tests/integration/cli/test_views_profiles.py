@@ -48,9 +48,10 @@ async def test_status_without_the_rule_api_says_so_and_shows_the_rest(
     out = await asyncio.to_thread(run, "status", "-A", "--kubeconfig", kubeconfig)
     assert out.returncode == 0, out.stderr
     assert "Traceback" not in out.stderr, out.stderr
-    assert NOT_SERVED in out.stderr and "remediation uses node taints" in out.stderr
+    assert NOT_SERVED in out.stderr
+    assert "remediation fences each bad device with a quarantine ResourceClaim" in out.stderr
     assert "server: Kubernetes v1.35.0; DeviceTaintRule API: not served" in out.stdout
-    assert "remediation mode: unknown: no controller has run (auto would choose node-taint)" in (
+    assert "remediation mode: unknown: no controller has run (auto would choose quarantine)" in (
         out.stdout
     )
     assert "gpu-1" in out.stdout and "XID 79" in out.stdout  # health still shown
@@ -125,7 +126,7 @@ async def test_status_when_discovery_fails_warns_and_still_shows_devices(
         assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
         assert "GET /apis/resource.k8s.io: HTTP 500; assuming resource.k8s.io/v1" in out.stderr
         assert "DeviceTaintRules: not served" in out.stderr, out.stderr
-        assert "remediation uses node taints" in out.stderr
+        assert "remediation fences each bad device with a quarantine ResourceClaim" in out.stderr
         assert "DeviceTaintRule API: not served" in out.stdout and "XID 79" in out.stdout
     finally:
         await proxy.stop()
@@ -207,7 +208,8 @@ async def test_dashboard_without_the_rule_api_says_so_and_serves_the_rest(
         await dashboard.stop()
         await client.close()
     (line,) = state["unavailable"]
-    assert line.startswith(NOT_SERVED) and "remediation uses node taints" in line
+    assert line.startswith(NOT_SERVED)
+    assert "remediation fences each bad device with a quarantine ResourceClaim" in line
     devices = {d["device"]: d for d in state["nodes"][0]["devices"]}
     assert devices["gpu-1"]["health"] == "Unhealthy" and devices["gpu-3"]["taints"] == []
 
