@@ -678,6 +678,13 @@ CONDITIONAL: tuple[Conditional, ...] = (
         "QuarantineWriter._fence", (r"ResourceClaim\.Status,",), _QUARANTINE,
     ),
     Conditional(
+        "controller", ("patch",), _R, "resourceclaims/binding", _QUARANTINE_MODULE,
+        "QuarantineWriter._fence", (r"ResourceClaim\.Status,",),
+        _QUARANTINE + "; never a request of its own: from 1.36 the API server asks for it "
+        "before it takes the status write of an allocation "
+        "(DRAResourceClaimGranularStatusAuthorization)",
+    ),
+    Conditional(
         "controller", ("delete",), _R, "resourceclaims", _QUARANTINE_MODULE,
         "QuarantineWriter._release", (r"self\.client\.delete\(ResourceClaim, name,",),
         _QUARANTINE + ", a quarantined device that recovered",

@@ -132,6 +132,9 @@ PERMISSIONS: dict[str, tuple[Permission, ...]] = {
                    scope="namespace", when="quarantine"),
         Permission(_R, "resourceclaims", ("patch",), subresource="status", scope="namespace",
                    when="quarantine"),
+        # 1.36 on: the API server asks for this (cluster-wide) before it takes a change of
+        # status.allocation or reservedFor (DRAResourceClaimGranularStatusAuthorization)
+        Permission(_R, "resourceclaims", ("patch",), subresource="binding", when="quarantine"),
     ),
     "agent": (
         Permission("", "pods", ("get",)),
