@@ -197,6 +197,7 @@ async def test_taint_of_a_held_device_is_pending_and_names_the_holder(tmp_path: 
         assert allocated_to(await claim(client, "train-gpu", "ml")) == ["gpu-1"]  # untouched
 
 
+@pytest.mark.slow  # the same refusals run unit-level in test_operator_quarantine
 async def test_noexecute_and_a_foreign_claim_are_one_line_errors(tmp_path: Path) -> None:
     name = claim_name(key(2), operator=True)
     async with cluster("1.35", tmp_path) as (client, kubeconfig):
@@ -305,6 +306,7 @@ async def test_untaint_hold_works_without_the_rule_api(tmp_path: Path) -> None:
         assert released.returncode == 0 and "hold ended" in released.stdout
 
 
+@pytest.mark.slow  # the same refusals run unit-level in test_operator_quarantine
 async def test_untaint_leaves_claims_that_are_not_this_devices(tmp_path: Path) -> None:
     """A claim with the operator's label and gpu-0's operator claim name whose
     annotation names gpu-1 (forged), and another key's claim: both stay."""

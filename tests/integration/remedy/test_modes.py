@@ -201,7 +201,14 @@ async def claim_dict(client: AsyncClient, name: str) -> dict[str, Any] | None:
     return out
 
 
-@pytest.mark.parametrize("version", ["1.34", "1.35", "1.36"])
+@pytest.mark.parametrize(
+    "version",
+    [
+        pytest.param("1.34", marks=pytest.mark.slow),
+        "1.35",
+        pytest.param("1.36", marks=pytest.mark.slow),
+    ],
+)
 async def test_quarantine_fences_one_device_after_its_pod_let_go(caplog: Any, version: str) -> None:
     """auto without the rule API: the bad device's pod is evicted (budget honoured), the
     device gets an allocated quarantine claim only once the pod's claim let go, the node
