@@ -41,7 +41,6 @@ def _steps(rules: bool) -> list[str]:
             r"7\. controller quarantines the GPU \(no DeviceTaintRule API\): claim "
             r"default/drahealth-quarantine-gpu-\d-\w+ allocated to node-\d/gpu-\d alone",
         ]
-    n = 8 if rules else 9
     return [
         *steps,
         *(
@@ -49,11 +48,10 @@ def _steps(rules: bool) -> list[str]:
             if rules
             else []
         ),
-        rf"{n - 1}\. replacement running on a healthy GPU: (trainer-\w+) on (node-\d/gpu-\d) "
-        "Healthy",
-        rf"{n}\. kmsg latch ends: no fatal XID on (0000:[0-9a-f]{{2}}:00\.0) for 6 s: "
+        r"8\. replacement running on a healthy GPU: (trainer-\w+) on (node-\d/gpu-\d) Healthy",
+        r"9\. kmsg latch ends: no fatal XID on (0000:[0-9a-f]{2}:00\.0) for 6 s: "
         r"(node-\d/gpu-\d) Healthy",
-        rf"{n + 1}\. device verified healthy, taint removed: gpu\.nvidia\.com/(node-\d/gpu-\d) "
+        r"10\. device verified healthy, taint removed: gpu\.nvidia\.com/(node-\d/gpu-\d) "
         r"Healthy for 3 s -> "
         + ("DeviceTaintRule deleted" if rules else "quarantine claim deallocated and deleted"),
         r"demo complete",
