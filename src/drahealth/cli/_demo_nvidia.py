@@ -34,7 +34,7 @@ from drahealth.cli._demo_story import (
     _agent_health,
     _eviction_path,
     _node_taint,
-    _quarantine,
+    _quarantine_probes,
     _record_health,
     _remediation_mode,
     _workload,
@@ -264,11 +264,7 @@ async def story(cluster: LocalCluster, timeline: Timeline) -> None:
     async def node_tainted() -> str | None:
         return await _node_taint(client, victim.node)
 
-    key = DeviceKey(NVIDIA, pool, device)
-    namespace = str(getattr(cluster.controller, "namespace", "default"))
-
-    async def quarantined() -> str | None:
-        return await _quarantine(client, namespace, key)
+    quarantined, released = _quarantine_probes(client, cluster, DeviceKey(NVIDIA, pool, device))
 
     if mode == "quarantine":
         pass  # the GPU is quarantined once its pod has let go of it (after the eviction)
@@ -342,10 +338,6 @@ async def story(cluster: LocalCluster, timeline: Timeline) -> None:
         await until(untainted, 15, "the untaint")
         done = "DeviceTaintRule deleted"
     elif mode == "quarantine":
-
-        async def released() -> bool:
-            return await quarantined() is None
-
         await until(released, 15, "the quarantine released")
         done = "quarantine claim deallocated and deleted"
     else:

@@ -268,18 +268,31 @@ async def _node_taint(client: AsyncClient, node: str) -> str | None:
     return None
 
 
-async def _quarantine(client: AsyncClient, namespace: str, key: DeviceKey) -> str | None:
-    """``namespace/name`` of the controller's quarantine claim of ``key`` once it holds
-    the device (allocated), else None."""
+def _quarantine_probes(
+    client: AsyncClient, cluster: LocalCluster, key: DeviceKey
+) -> tuple[Callable[[], Awaitable[str | None]], Callable[[], Awaitable[bool]]]:
+    """Two checks for :func:`until` on the controller's quarantine claim of ``key``:
+    its ``namespace/name`` once it holds the device (allocated), and whether it is gone."""
+    namespace = str(getattr(cluster.controller, "namespace", "default"))
     name = quarantine_claim_name(key)
-    try:
-        claim = await client.get(ResourceClaim, name, namespace=namespace)
-    except ApiError as exc:
-        if exc.status.code == 404:
-            return None
-        raise
-    status = claim.status if claim.status else None
-    return f"{namespace}/{name}" if status is not None and status.allocation else None
+
+    async def claim() -> Any:
+        try:
+            return await client.get(ResourceClaim, name, namespace=namespace)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise
+
+    async def quarantined() -> str | None:
+        found = await claim()
+        status = found.status if found is not None else None
+        return f"{namespace}/{name}" if status is not None and status.allocation else None
+
+    async def released() -> bool:
+        return await claim() is None
+
+    return quarantined, released
 
 
 async def _eviction_path(client: AsyncClient, pod: str) -> str:
@@ -393,11 +406,7 @@ async def story(cluster: LocalCluster, timeline: Timeline) -> None:
     async def node_tainted() -> str | None:
         return await _node_taint(client, victim.node)
 
-    key = DeviceKey(DRIVER, pool, device)
-    namespace = str(getattr(cluster.controller, "namespace", "default"))
-
-    async def quarantined() -> str | None:
-        return await _quarantine(client, namespace, key)
+    quarantined, released = _quarantine_probes(client, cluster, DeviceKey(DRIVER, pool, device))
 
     if mode == "quarantine":
         pass  # the device is quarantined once its pod has let go of it (below)
@@ -457,10 +466,6 @@ async def story(cluster: LocalCluster, timeline: Timeline) -> None:
         await until(untainted, 15, "the untaint")
         done = "DeviceTaintRule deleted"
     elif mode == "quarantine":
-
-        async def released() -> bool:
-            return await quarantined() is None
-
         await until(released, 15, "the quarantine released")
         done = "quarantine claim deallocated and deleted"
     else:

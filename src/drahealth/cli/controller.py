@@ -112,7 +112,7 @@ async def _run(
 ) -> None:
     from drahealth._metrics_http import MetricsServer
     from drahealth.kube import DiscoveryError, LeaderElector, discover, make_client
-    from drahealth.remedy import ControllerMetrics, ModeError, RemediationController, resolve_mode
+    from drahealth.remedy import ControllerMetrics, RemediationController, mode_on
 
     client = make_client(kubeconfig, field_manager="drahealth-controller")
     try:
@@ -121,17 +121,10 @@ async def _run(
         served = None  # the controller keeps asking once it leads
         click.echo(f"API discovery failed ({exc}); the controller retries", err=True)
     if served is not None:
-        try:
-            choice = resolve_mode(
-                policy.remediation_mode,
-                policy.remediation_fallback,
-                served.chosen("DeviceTaintRule"),
-                served.server_version,
-                dry_run=policy.dry_run,
-            )
-        except ModeError as exc:
+        choice, refused = mode_on(policy.remediation_mode, policy, served)
+        if refused is not None:
             await client.close()
-            raise click.UsageError(str(exc)) from None
+            raise click.UsageError(refused)
         click.echo(choice.line())
     metrics_host, metrics_port = metrics
     controller_metrics = ControllerMetrics()

@@ -14,7 +14,7 @@ controller's engine makes.
 Where a cluster is configured (``--kubeconfig``/``--context``, ``$KUBECONFIG``, the pod's
 service account, ``~/.kube/config``, as every command finds it) it also asks that server:
 what it serves (:func:`drahealth.kube.discover_sync`), the mode the controller would run
-in there (:func:`drahealth.remedy.resolve_mode`), what each rule would write there (the
+in there (:func:`drahealth.remedy.mode_on`), what each rule would write there (the
 controller's own ``device_mode`` and ``mode_writes`` decide) and, from the ResourceSlices
 published, which rules name a driver or pool nothing publishes. Without a configuration
 the check stays offline and says so in one line; a configuration found by default that
@@ -274,20 +274,9 @@ def _published(client: Any, served: Any) -> _Published:
 def _mode(policy: Policy, served: Any) -> tuple[Any, str | None]:
     """The controller's mode on ``served`` for this policy, and why the requested one
     cannot run there (None: it can); the controller then runs report-only."""
-    from drahealth.remedy import ModeChoice, ModeError, resolve_mode
+    from drahealth.remedy import mode_on
 
-    try:
-        choice = resolve_mode(
-            policy.remediation_mode,
-            policy.remediation_fallback,
-            served.chosen("DeviceTaintRule"),
-            served.server_version,
-            dry_run=policy.dry_run,
-            claims_v1=served.chosen("ResourceClaim") == "v1",
-        )
-    except ModeError as exc:
-        return ModeChoice("report-only", f"{exc}; report-only until it is served"), str(exc)
-    return choice, None
+    return mode_on(policy.remediation_mode, policy, served)
 
 
 def _ladder(policy: Policy, rule: Rule) -> list[tuple[float, str]]:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         ModeChoice,
         ModeError,
         device_mode,
+        mode_on,
         mode_writes,
         resolve_mode,
     )
@@ -93,6 +94,7 @@ _EXPORTS: dict[str, str] = {
     "quarantine_claim_name": "drahealth.remedy._quarantine",
     "device_mode": "drahealth.remedy._modes",
     "mode_writes": "drahealth.remedy._modes",
+    "mode_on": "drahealth.remedy._modes",
     "RuleAPIUnavailable": "drahealth.remedy._operator",
     "apply_taint": "drahealth.remedy._operator",
     "UnpublishedDevice": "drahealth.remedy._operator",
@@ -178,6 +180,7 @@ __all__ = [
     "history_source",
     "is_ours",
     "load_policy",
+    "mode_on",
     "mode_writes",
     "names_device",
     "observations",

@@ -114,7 +114,7 @@ from drahealth.remedy._control import (
 )
 from drahealth.remedy._evict import Evictor
 from drahealth.remedy._metrics import ControllerMetrics
-from drahealth.remedy._modes import ModeChoice, ModeError, device_mode, mode_writes, resolve_mode
+from drahealth.remedy._modes import ModeChoice, ModeError, device_mode, mode_on, mode_writes
 from drahealth.remedy._nodes import MAX_REASON, NODE_MODES, NodeDevice, NodeWriter, node_taints
 from drahealth.remedy._ownership import OwnershipGuard
 from drahealth.remedy._quarantine import (
@@ -408,20 +408,8 @@ class RemediationController:
 
     def _choose(self, served: ServedAPIs) -> tuple[ModeChoice, bool]:
         """The mode on ``served``; True if the requested one could not run."""
-        rules_version = served.chosen("DeviceTaintRule")
-        fallback = self.policy.remediation_fallback
-        try:
-            choice = resolve_mode(
-                self.requested_mode,
-                fallback,
-                rules_version,
-                served.server_version,
-                dry_run=self.policy.dry_run,
-                claims_v1=served.chosen("ResourceClaim") == "v1",
-            )
-        except ModeError as exc:
-            return ModeChoice("report-only", f"{exc}; report-only until it is served"), True
-        return choice, False
+        choice, refused = mode_on(self.requested_mode, self.policy, served)
+        return choice, refused is not None
 
     def _dra_reflector(self, served: ServedAPIs, kind: str, name: str) -> Reflector[Any]:
         cls = served.resource(kind) or resource_class(kind, "v1")
@@ -743,16 +731,8 @@ class RemediationController:
         except ApiError as exc:
             log.warning("listing quarantine claims failed (%s): none resumed", exc.status.message)
             return
-        now, wall = self._clock(), self._wall()
         for d in found.values():
-            node = self._facts(d.device).node
-            facts = DeviceFacts(d.device.driver, d.device.pool, d.device.device, node)
-            want = Want(d.effect, d.key, d.value, d.rule, d.reason)
-            since = d.since or wall
-            self.engine.seed(facts, want, now - max(0.0, wall - since))
-            self._since_wall[d.device] = (d.effect, d.since or round(wall, 3))
-            if d.first_seen:
-                self._first_seen_at.setdefault(d.device, d.first_seen)
+            self._seed_row(d, self._facts(d.device).node)
 
     def _quarantine_changed(self, device: NodeDevice, what: str, claim: str) -> None:
         message = f"{device.device}: {what} ({self.namespace}/{claim})"
@@ -784,16 +764,21 @@ class RemediationController:
                 "listing nodes failed (%s): no node-level state resumed", exc.status.message
             )
             return
-        now, wall = self._clock(), self._wall()
         for node, devices in found.items():
             for d in devices:
-                facts = DeviceFacts(d.device.driver, d.device.pool, d.device.device, node)
-                want = Want(d.effect, d.key, d.value, d.rule, d.reason)
-                since = d.since or wall
-                self.engine.seed(facts, want, now - max(0.0, wall - since))
-                self._since_wall[d.device] = (d.effect, d.since or round(wall, 3))
-                if d.first_seen:
-                    self._first_seen_at.setdefault(d.device, d.first_seen)
+                self._seed_row(d, node)
+
+    def _seed_row(self, d: NodeDevice, node: str) -> None:
+        """Seed the engine with one device row drahealth wrote (on a Node, or on a
+        quarantine claim), its since and its first-seen provenance."""
+        now, wall = self._clock(), self._wall()
+        facts = DeviceFacts(d.device.driver, d.device.pool, d.device.device, node)
+        want = Want(d.effect, d.key, d.value, d.rule, d.reason)
+        since = d.since or wall
+        self.engine.seed(facts, want, now - max(0.0, wall - since))
+        self._since_wall[d.device] = (d.effect, d.since or round(wall, 3))
+        if d.first_seen:
+            self._first_seen_at.setdefault(d.device, d.first_seen)
 
     def _node_changed(self, node: str, changes: list[str], devices: Any) -> None:
         listed = ", ".join(str(d.device) for d in devices) or "none"

@@ -20,7 +20,7 @@ from typing import Any
 
 from drahealth.core import Policy, Want, choose_remediation_mode
 
-__all__ = ["ModeChoice", "ModeError", "device_mode", "mode_writes", "resolve_mode"]
+__all__ = ["ModeChoice", "ModeError", "device_mode", "mode_on", "mode_writes", "resolve_mode"]
 
 GROUP = "resource.k8s.io"
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)")
@@ -112,6 +112,25 @@ def resolve_mode(
                 False,
             )
     return ModeChoice(mode, why, rules_api, server_version, fallback_path, effect_none)
+
+
+def mode_on(requested: str, policy: Policy, served: Any) -> tuple[ModeChoice, str | None]:
+    """The controller's mode for ``requested`` and ``policy`` on a server that serves
+    ``served`` (a :class:`~drahealth.kube.ServedAPIs`), and why the requested one cannot
+    run there (None: it can). Where it cannot, the choice is report-only, as the
+    controller then runs until it is served."""
+    try:
+        choice = resolve_mode(
+            requested,
+            policy.remediation_fallback,
+            served.chosen("DeviceTaintRule"),
+            served.server_version,
+            dry_run=policy.dry_run,
+            claims_v1=served.chosen("ResourceClaim") == "v1",
+        )
+    except ModeError as exc:
+        return ModeChoice("report-only", f"{exc}; report-only until it is served"), str(exc)
+    return choice, None
 
 
 def device_mode(
