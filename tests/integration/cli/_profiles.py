@@ -22,6 +22,20 @@ _PLURALS = {"DeviceTaintRule": "devicetaintrules", "ResourceClaim": "resourcecla
 _HOP = {"content-length", "transfer-encoding", "connection", "content-encoding", "host"}
 
 
+def write_kubeconfig(url: str, path: Any) -> str:
+    """A kubeconfig at ``path`` for the server at ``url`` (a token user); its path."""
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": url}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "c",
+    }
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
 class Narrowing:
     def __init__(self, upstream: APIServer, *, version: str, hidden: tuple[str, ...]) -> None:
         self.upstream = upstream
@@ -50,16 +64,7 @@ class Narrowing:
             await self._session.close()
 
     def kubeconfig(self, path: Any) -> str:
-        doc = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "c", "cluster": {"server": self.url}}],
-            "users": [{"name": "u", "user": {"token": "t"}}],
-            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-            "current-context": "c",
-        }
-        path.write_text(json.dumps(doc))
-        return str(path)
+        return write_kubeconfig(self.url, path)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         path = request.path

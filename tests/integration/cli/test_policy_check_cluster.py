@@ -27,6 +27,7 @@ from drahealth.cli.policy import MAX_SLICES, SLICE_CHUNK
 from drahealth.controlplane import APIServer
 from drahealth.core import kube_profile
 from drahealth.kube import make_client
+from tests.integration.cli._profiles import write_kubeconfig
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -311,16 +312,7 @@ class Hostile:
             await self._runner.cleanup()
 
     def kubeconfig(self, path: Path) -> str:
-        doc = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "c", "cluster": {"server": self.url}}],
-            "users": [{"name": "u", "user": {"token": "t"}}],
-            "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-            "current-context": "c",
-        }
-        path.write_text(json.dumps(doc))
-        return str(path)
+        return write_kubeconfig(self.url, path)
 
     async def _version(self, _request: web.Request) -> web.Response:
         return web.json_response({"major": "1", "minor": "37", "gitVersion": "v1.37.0"})
