@@ -36,12 +36,12 @@ from drahealth.remedy._controller import RemediationController
 from drahealth.remedy._nodes import ANNOTATION_DEVICES, NodeDevice
 from drahealth.remedy._quarantine import (
     ANNOTATION_QUARANTINE,
-    MANAGED_BY,
     QuarantineWriter,
     allocation,
     claim_body,
     claim_name,
 )
+from drahealth.remedy._rules import CONTROLLER_LABEL, MANAGED_BY
 from drahealth.remedy._view import blocked_pods, device_taints, read_fences
 from tests._support import eventually
 from tests.integration.remedy.test_controller import NODE, make_pod, policy, set_health
@@ -450,4 +450,4 @@ async def test_our_label_and_name_in_another_namespace_are_never_ours() -> None:
         obj = (await client.get(ResourceClaim, claim_name(GPU0), namespace="elsewhere")).to_dict()
         assert w.observe("DELETED", obj) is False and not w.written()
         assert not read_fences([], [obj], NS).claims
-        assert obj["metadata"]["labels"] == {MANAGED_BY[0]: MANAGED_BY[1]}
+        assert obj["metadata"]["labels"] == {MANAGED_BY: CONTROLLER_LABEL}

@@ -40,6 +40,7 @@ from lightkube.types import PatchType
 from drahealth.core import DeviceKey
 from drahealth.kube import Backoff, as_dict, is_not_found, resource_class
 from drahealth.remedy._nodes import NodeDevice, device_row
+from drahealth.remedy._rules import CONTROLLER_LABEL, MANAGED_BY
 
 __all__ = [
     "ANNOTATION_QUARANTINE",
@@ -61,7 +62,6 @@ log = logging.getLogger(__name__)
 
 QUARANTINE_MODE: Final = "quarantine"
 ANNOTATION_QUARANTINE: Final = "drahealth.io/quarantine"
-MANAGED_BY: Final = ("app.kubernetes.io/managed-by", "drahealth-controller")
 #: An operator's quarantine (``drahealth taint`` where no DeviceTaintRule API is served):
 #: the controller never releases it; ``drahealth untaint`` does.
 OPERATOR_MANAGED_BY: Final = "drahealth-operator"
@@ -93,7 +93,7 @@ quarantine_claim_name = claim_name
 
 
 def _manager(operator: bool) -> str:
-    return OPERATOR_MANAGED_BY if operator else MANAGED_BY[1]
+    return OPERATOR_MANAGED_BY if operator else CONTROLLER_LABEL
 
 
 def claim_body(device: NodeDevice, namespace: str, *, operator: bool = False) -> JSON:
@@ -104,7 +104,7 @@ def claim_body(device: NodeDevice, namespace: str, *, operator: bool = False) ->
         "metadata": {
             "name": claim_name(device.device, operator=operator),
             "namespace": namespace,
-            "labels": {MANAGED_BY[0]: _manager(operator)},
+            "labels": {MANAGED_BY: _manager(operator)},
             "annotations": {ANNOTATION_QUARANTINE: json.dumps(device.as_json())},
         },
         "spec": {
@@ -145,7 +145,7 @@ def is_quarantine(obj: Mapping[str, Any], *, operator: bool = False) -> bool:
     annotations = meta.get("annotations") or {}
     return (
         isinstance(labels, Mapping)
-        and labels.get(MANAGED_BY[0]) == _manager(operator)
+        and labels.get(MANAGED_BY) == _manager(operator)
         and isinstance(annotations, Mapping)
         and ANNOTATION_QUARANTINE in annotations
     )
@@ -215,7 +215,7 @@ class QuarantineWriter:
     async def load(self) -> dict[DeviceKey, NodeDevice]:
         """The controller's quarantine claims (one LIST of its namespace)."""
         found: dict[DeviceKey, NodeDevice] = {}
-        labels: dict[str, Any] = {MANAGED_BY[0]: MANAGED_BY[1]}
+        labels: dict[str, Any] = {MANAGED_BY: CONTROLLER_LABEL}
         async for claim in self.client.list(ResourceClaim, namespace=self.namespace, labels=labels):
             read = read_claim(as_dict(claim))
             if read is None:
@@ -225,7 +225,7 @@ class QuarantineWriter:
             uid = str(getattr(claim.metadata, "uid", "") or "")
             version = str(getattr(claim.metadata, "resourceVersion", "") or "")
             self._written[device.device] = _Held(device, held, uid, version)
-        labels = {MANAGED_BY[0]: OPERATOR_MANAGED_BY}
+        labels = {MANAGED_BY: OPERATOR_MANAGED_BY}
         async for claim in self.client.list(ResourceClaim, namespace=self.namespace, labels=labels):
             self._observe_operator("ADDED", as_dict(claim))
         return found
